@@ -1,0 +1,209 @@
+"""BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
+
+Any BERT `config.json` loads: the architecture fields become attributes, task fields (`id2label`,
+`label2id`, `problem_type`, `classifier_dropout`) are understood, and everything else the file
+carries (`architectures`, `transformers_version`, `gradient_checkpointing`, ...) is kept in `extra`
+and written back unchanged, so a round trip loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertkit.fileio import atomic_write_json
+
+# Activations the encoder implements; the names are those `config.json` files use.
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+
+# (num_hidden_layers, hidden_size, num_attention_heads); the FFN is 4 × hidden as in the paper.
+# tiny/mini/small/medium follow Turc et al. 2019 ("Well-Read Students Learn Better"), except tiny
+# which uses 2 heads so every preset keeps 64-dim heads.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+@dataclass
+class BertConfig:
+    # 30,522 = bert-base-uncased's WordPiece vocabulary; models trained here set their own.
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    # 4 × hidden, as in the paper.
+    intermediate_size: int = 3072
+    # Exact (erf) GELU, as the original BERT; "gelu_new"/"gelu_pytorch_tanh" are the tanh form.
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    # Learned absolute positions; inputs longer than this need sliding windows.
+    max_position_embeddings: int = 512
+    # Two segments (sentence A / B) for pair inputs and NSP.
+    type_vocab_size: int = 2
+    # Std of the truncated-normal-like init the reference uses (plain normal in practice).
+    initializer_range: float = 0.02
+    # 1e-12 as the original TensorFlow code; the value matters for parity with checkpoints.
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    # Only absolute positions exist in BERT; other values are rejected rather than ignored.
+    position_embedding_type: str = "absolute"
+    # Task heads: dropout before the classifier (None = hidden_dropout_prob, as the reference).
+    classifier_dropout: float | None = None
+    # Labels of a classification head; num_labels follows id2label.
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    # "regression" | "single_label_classification" | "multi_label_classification" | None (inferred).
+    problem_type: str | None = None
+    model_type: str = "bert"
+    # Every other key of the source config.json, written back on save.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            if self.label2id is None:
+                self.label2id = {v: k for k, v in self.id2label.items()}
+        if self.label2id is not None:
+            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+        self.validate()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "BertConfig":
+        """A named size (tiny, mini, small, medium, base, large) with optional field overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)} "
+                             "or pass a config.json / model directory")
+        layers, hidden, heads = PRESETS[name]
+        fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      intermediate_size=4 * hidden)
+        fields.update(overrides)
+        return cls.from_dict(fields)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+        """Build from config.json-style keys; unknown keys go to `extra`, `num_labels` makes labels."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kwargs = {k: v for k, v in values.items() if k in known}
+        extra = dict(values.get("extra", {}))
+        extra.update({k: v for k, v in values.items() if k not in known and k not in ("extra", "num_labels")})
+        num_labels = values.get("num_labels")
+        if num_labels is not None and kwargs.get("id2label") is None:
+            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(num_labels))}
+        if kwargs.get("model_type", "bert") != "bert":
+            raise ValueError(f"model_type {kwargs['model_type']!r} is not BERT; bertkit loads BERT "
+                             "checkpoints (model_type 'bert')")
+        return cls(**kwargs, extra=extra)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "BertConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json at {path}")
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
+        try:
+            return cls.from_dict(values)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}: {err}") from None
+
+    @classmethod
+    def resolve(cls, spec: str | os.PathLike, **overrides: Any) -> "BertConfig":
+        """A preset name, a config.json path or a model directory → config (overrides applied)."""
+        spec_str = str(spec)
+        if spec_str in PRESETS:
+            return cls.preset(spec_str, **overrides)
+        path = Path(spec)
+        if path.exists():
+            config = cls.from_json(path)
+            return config.replace(**overrides) if overrides else config
+        raise ValueError(f"unknown model {spec_str!r}: not a preset ({', '.join(PRESETS)}) "
+                         "and no such config.json or model directory")
+
+    def replace(self, **changes: Any) -> "BertConfig":
+        values = self.to_dict()
+        if "num_labels" in changes and "id2label" not in changes:
+            values.pop("id2label", None)
+            values.pop("label2id", None)
+        if "id2label" in changes and "label2id" not in changes:
+            values.pop("label2id", None)
+        values.update(changes)
+        return BertConfig.from_dict(values)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    # ------------------------------------------------------------------ checks and output
+    def validate(self) -> None:
+        """Raise ValueError naming every invalid value; called on construction."""
+        problems = []
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if not problems and self.hidden_size % self.num_attention_heads:
+            problems.append(f"hidden_size {self.hidden_size} is not divisible by "
+                            f"num_attention_heads {self.num_attention_heads}")
+        if self.hidden_act not in ACTIVATIONS:
+            problems.append(f"unknown hidden_act {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {value!r}")
+        if self.classifier_dropout is not None and not 0.0 <= float(self.classifier_dropout) < 1.0:
+            problems.append(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
+        if self.layer_norm_eps <= 0:
+            problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if self.position_embedding_type != "absolute":
+            problems.append(f"position_embedding_type {self.position_embedding_type!r} is not "
+                            "supported; BERT uses 'absolute'")
+        if self.problem_type not in (None, "regression", "single_label_classification",
+                                     "multi_label_classification"):
+            problems.append(f"unknown problem_type {self.problem_type!r}")
+        if problems:
+            raise ValueError("invalid BertConfig: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json content: our fields, `num_labels` implied by id2label, then `extra`."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        if self.id2label is None:
+            del values["id2label"], values["label2id"]
+        else:
+            values["id2label"] = {str(k): v for k, v in sorted(self.id2label.items())}
+        for optional in ("problem_type", "classifier_dropout"):
+            if values[optional] is None:
+                del values[optional]
+        return {**self.extra, **values}
+
+    def save(self, out_dir: str | os.PathLike, architectures: list[str] | None = None) -> Path:
+        """Write `out_dir/config.json` atomically."""
+        values = self.to_dict()
+        if architectures:
+            values["architectures"] = architectures
+        path = Path(out_dir) / "config.json"
+        atomic_write_json(path, values)
+        return path
+

@@ -1,0 +1,37 @@
+"""Atomic file writes: a temp file in the target's directory, then a rename.
+
+A crash mid-write leaves either the old file or none, never a truncated one that later loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success it is renamed onto `path`, on error removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_json(path: str | os.PathLike, value: Any) -> None:
+    atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")

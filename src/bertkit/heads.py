@@ -1,0 +1,160 @@
+"""Task heads for fine-tuning: a small layer on the pre-trained encoder, trained end to end.
+
+Each head owns its loss, computed as the reference computes it (labels of -100 are ignored), and
+returns one dataclass. Tensor names on disk match Hugging Face's `BertFor…` classes (`classifier`,
+`qa_outputs`), so a fine-tuned directory loads there with identical predictions.
+
+Shape letters: B batch, C choices, T sequence length, H hidden size, K labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.checkpoint import PretrainedMixin
+from bertkit.config import BertConfig
+from bertkit.model import IGNORE_INDEX, BertModel
+
+
+@dataclass
+class ClassifierOutput:
+    loss: torch.Tensor | None  # ()
+    logits: torch.Tensor  # (B, K) sequence / multiple choice (K = C), or (B, T, K) per token
+
+
+@dataclass
+class SpanOutput:
+    loss: torch.Tensor | None  # () mean of the start and end cross-entropies
+    start_logits: torch.Tensor  # (B, T)
+    end_logits: torch.Tensor  # (B, T)
+
+
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+    rate = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(rate)
+
+
+def _problem_type(config: BertConfig, labels: torch.Tensor) -> str:
+    """The reference's rule: one label → regression; integer labels → single-label; else multi-label."""
+    if config.problem_type is not None:
+        return config.problem_type
+    if config.num_labels == 1:
+        return "regression"
+    if labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+class BertForSequenceClassification(PretrainedMixin, nn.Module):
+    """Pooled [CLS] → dropout → linear: single sentences and sentence pairs; regression when K = 1."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
+        """labels: (B,) long class ids; (B,) float targets for regression; (B, K) float multi-label."""
+        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output  # (B, H)
+        logits = self.classifier(self.dropout(pooled))  # (B, K)
+        loss = None
+        if labels is not None:
+            kind = _problem_type(self.config, labels)
+            if kind == "regression":
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
+            elif kind == "single_label_classification":
+                loss = F.cross_entropy(logits.float(), labels.view(-1), ignore_index=IGNORE_INDEX)
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return ClassifierOutput(loss=loss, logits=logits)
+
+
+class BertForTokenClassification(PretrainedMixin, nn.Module):
+    """Every token's hidden state → dropout → linear: NER and other tagging."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
+        """labels: (B, T) long tag ids, -100 on sub-word continuations, special tokens and padding."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, K)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return ClassifierOutput(loss=loss, logits=logits)
+
+
+class BertForQuestionAnswering(PretrainedMixin, nn.Module):
+    """Every token's hidden state → linear → (start, end) logits: extractive QA."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.qa_outputs.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None) -> SpanOutput:
+        """start_positions / end_positions: (B,) long token indices; 0 ([CLS]) = no answer in this window."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
+        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)  # (B, T) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # As the reference: positions outside the sequence are clamped to T and ignored.
+            length = start_logits.shape[1]
+            start = start_positions.view(-1).clamp(0, length)
+            end = end_positions.view(-1).clamp(0, length)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=length)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=length)) / 2
+        return SpanOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)
+
+
+class BertForMultipleChoice(PretrainedMixin, nn.Module):
+    """Each (context, choice) pair → pooled [CLS] → linear score; softmax over the C choices."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.classifier.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
+        """input_ids, token_type_ids, attention_mask: (B, C, T); labels: (B,) index of the right choice."""
+        if input_ids.dim() != 3:
+            raise ValueError(f"multiple choice takes input_ids of shape (batch, choices, sequence), "
+                             f"got {tuple(input_ids.shape)}")
+        batch, choices, length = input_ids.shape
+        flat = lambda x: None if x is None else x.reshape(batch * choices, length)  # noqa: E731
+        pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask)).pooler_output  # (B*C, H)
+        logits = self.classifier(self.dropout(pooled)).view(batch, choices)  # (B, C)
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return ClassifierOutput(loss=loss, logits=logits)
+
+
+HEADS = {
+    "classify": BertForSequenceClassification,
+    "pair": BertForSequenceClassification,
+    "ner": BertForTokenClassification,
+    "qa": BertForQuestionAnswering,
+    "multiple-choice": BertForMultipleChoice,
+}

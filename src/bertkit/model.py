@@ -1,0 +1,344 @@
+"""The BERT encoder and its pre-training heads, top to bottom.
+
+Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+Understanding". Numerically this is the reference architecture (post-LayerNorm, exact GELU,
+learned absolute positions); checkpoints convert to and from Hugging Face names in
+`checkpoint.py`. Where it departs from the usual implementation, on purpose:
+
+- Q, K and V are one fused projection (`qkv`): one matrix multiply instead of three.
+- Padding is removed before the dense layers: when a batch has padding, every linear layer and
+  LayerNorm runs on the N real tokens only (a packed (N, H) tensor); attention alone sees the
+  padded (B, T) layout, with the padding mask. Hidden states at padding positions are returned as
+  zeros — they carry no meaning in any implementation.
+- Sparse MLM prediction: given MLM labels, the vocabulary projection runs only at the positions
+  whose label is not -100 (as the original TensorFlow code gathers masked positions); the logits
+  there equal those of the dense path.
+
+Dimension letters used in shape comments:
+  B batch, T sequence length, H hidden size, nh heads, hs head size (H / nh), I FFN size,
+  N real (non-padding) tokens in the batch, M selected MLM positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.checkpoint import PretrainedMixin
+from bertkit.config import BertConfig
+
+IGNORE_INDEX = -100  # label value that losses skip, as in PyTorch's cross_entropy
+
+
+def activation(name: str):
+    """The FFN non-linearity named by `config.hidden_act`."""
+    if name == "gelu":
+        return F.gelu  # exact erf form, as the original BERT
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"unknown hidden_act {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class BertOutput:
+    last_hidden_state: torch.Tensor  # (B, T, H) float; zeros at padding positions
+    pooler_output: torch.Tensor | None  # (B, H) tanh(dense([CLS])); None without a pooler
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None  # () mlm_loss + nsp_loss (or mlm_loss alone without NSP labels)
+    mlm_loss: torch.Tensor | None  # () mean cross-entropy over selected positions
+    nsp_loss: torch.Tensor | None  # () mean cross-entropy over rows with an NSP label
+    mlm_logits: torch.Tensor  # (M, V) at selected positions in row-major order, or (B, T, V)
+    nsp_logits: torch.Tensor  # (B, 2): index 0 = IsNext, 1 = NotNext (the reference's order)
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: torch.Tensor | None  # () mean cross-entropy over positions with a label
+    logits: torch.Tensor  # (M, V) at labelled positions in row-major order, or (B, T, V)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input checks (at the boundary: clear messages instead of index errors deep inside)
+# ---------------------------------------------------------------------------------------------
+def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                 attention_mask: torch.Tensor | None) -> None:
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, sequence), got shape {tuple(input_ids.shape)}")
+    batch, length = input_ids.shape
+    if batch == 0 or length == 0:
+        raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
+    if length > config.max_position_embeddings:
+        raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings}; truncate to {config.max_position_embeddings} "
+                         "tokens or use sliding windows")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= config.vocab_size:
+        bad = high if high >= config.vocab_size else low
+        raise ValueError(f"token id {bad} is outside the vocabulary (vocab_size {config.vocab_size}); "
+                         "was the input made with this model's tokenizer?")
+    for name, tensor in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+        if tensor is not None and tensor.shape != input_ids.shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has "
+                             f"{tuple(input_ids.shape)}")
+    if token_type_ids is not None:
+        top = int(token_type_ids.max())
+        if top >= config.type_vocab_size or int(token_type_ids.min()) < 0:
+            raise ValueError(f"segment id {top} is out of range for type_vocab_size "
+                             f"{config.type_vocab_size}; single-segment models take token_type_ids of 0")
+    if attention_mask is not None:
+        empty = (attention_mask.sum(dim=1) == 0).nonzero()
+        if len(empty):
+            raise ValueError(f"row {int(empty[0])} of attention_mask has no tokens (all 0); "
+                             "every sequence needs at least [CLS]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding removal: dense layers see (N, H) real tokens; attention sees (B, T) with the mask
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Padding:
+    """Where the real tokens sit in a (B, T) batch; None-free only when the batch has padding."""
+    index: torch.Tensor  # (N,) long: flat positions b * T + t of real tokens
+    key_mask: torch.Tensor  # (B, 1, 1, T) bool: True where a key may be attended
+    batch: int
+    length: int
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "Padding | None":
+        """None when there is no padding: then nothing is gathered or scattered."""
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            return None
+        batch, length = mask.shape
+        index = mask.flatten().nonzero().squeeze(1)  # (N,)
+        return cls(index=index, key_mask=mask[:, None, None, :], batch=batch, length=length)
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, D) → (B, T, D) with zeros at padding positions."""
+        out = packed.new_zeros(self.batch * self.length, packed.shape[-1])
+        out.index_copy_(0, self.index, packed)
+        return out.view(self.batch, self.length, -1)
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) → (N, D)."""
+        return padded.reshape(self.batch * self.length, -1).index_select(0, self.index)
+
+
+# ---------------------------------------------------------------------------------------------
+# The encoder
+# ---------------------------------------------------------------------------------------------
+class Embeddings(nn.Module):
+    """token + learned position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[1]
+        positions = torch.arange(length, device=input_ids.device)  # (T,)
+        x = (self.word_embeddings(input_ids)  # (B, T, H)
+             + self.token_type_embeddings(token_type_ids)  # (B, T, H)
+             + self.position_embeddings(positions))  # (T, H) broadcast over B
+        return self.dropout(self.norm(x))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN Transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.attn_out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.act = activation(config.hidden_act)
+
+    def attention(self, qkv: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """Bidirectional multi-head attention: every token sees every real token, both sides."""
+        q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hs)
+                   .permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+                   .unbind(0))
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask,  # (B, 1, 1, T): padding keys hidden; no causal mask
+            dropout_p=self.attention_dropout if self.training else 0.0)  # (B, nh, T, hs)
+        return y.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H)
+
+    def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int) -> torch.Tensor:
+        # x: (N, H) packed real tokens when padding is not None, else (B*T, H)
+        qkv = self.qkv(x)  # (N, 3H)
+        if padding is None:
+            y = self.attention(qkv, batch, length, None).view(batch * length, -1)  # (B*T, H)
+        else:
+            y = padding.unpad(self.attention(padding.pad(qkv), batch, length, padding.key_mask))  # (N, H)
+        x = self.attn_norm(x + self.dropout(self.attn_out(y)))  # (N, H)
+        h = self.ffn_out(self.act(self.ffn_in(x)))  # (N, I) → (N, H)
+        return self.ffn_norm(x + self.dropout(h))  # (N, H)
+
+
+class BertModel(PretrainedMixin, nn.Module):
+    """Embeddings → L encoder layers → (optional) tanh pooler on [CLS]."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """The reference's init: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> BertOutput:
+        """
+        input_ids: (B, T) long token ids; token_type_ids: (B, T) long segment ids (default 0);
+        attention_mask: (B, T) 1 = token, 0 = padding (default all 1).
+        """
+        check_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        batch, length = input_ids.shape
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        padding = Padding.from_mask(attention_mask) if attention_mask is not None else None
+
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, H)
+        for layer in self.layers:
+            x = layer(x, padding, batch, length)  # (N, H)
+        hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
+
+        pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None  # (B, H)
+        return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-training heads
+# ---------------------------------------------------------------------------------------------
+class MaskedLMHead(nn.Module):
+    """dense → act → LayerNorm → decoder tied to the word embeddings, plus its own bias."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., H); word_embeddings: (V, H), the tied decoder weight → logits (..., V)."""
+        h = self.norm(self.act(self.transform(hidden)))  # (..., H)
+        return F.linear(h, word_embeddings, self.bias)  # (..., V)
+
+
+def mlm_logits_and_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
+                        labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits (dense, or sparse at labelled positions) and the mean cross-entropy.
+
+    hidden: (B, T, H); labels: (B, T) long with -100 where no prediction is made, or None.
+    Returns logits (M, V) for the M labelled positions in row-major order (aligned with
+    labels[labels != -100]) when labels are given, else (B, T, V); loss () or None.
+    """
+    if labels is None:
+        return head(hidden, word_embeddings), None  # (B, T, V)
+    selected = labels != IGNORE_INDEX  # (B, T) bool
+    logits = head(hidden[selected], word_embeddings)  # (M, H) → (M, V)
+    targets = labels[selected]  # (M,)
+    # An empty selection gives a zero loss (not NaN) so a rare all-unmasked batch cannot poison a run.
+    loss = F.cross_entropy(logits.float(), targets) if len(targets) else logits.sum() * 0.0
+    return logits, loss
+
+
+class BertForPreTraining(PretrainedMixin, nn.Module):
+    """Encoder + MLM head + NSP head; loss = MLM + NSP (MLM alone without NSP labels)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.mlm = MaskedLMHead(config)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+        for module in (self.mlm, self.nsp):
+            module.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None,
+                nsp_labels: torch.Tensor | None = None) -> PreTrainingOutput:
+        """
+        mlm_labels: (B, T) long, original ids at selected positions, -100 elsewhere (or None);
+        nsp_labels: (B,) long, 0 = IsNext, 1 = NotNext, -100 = no NSP for that row (or None).
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        mlm_logits, mlm_loss = mlm_logits_and_loss(self.mlm, self.bert.embeddings.word_embeddings.weight,
+                                                   out.last_hidden_state, mlm_labels)
+        nsp_logits = self.nsp(out.pooler_output)  # (B, 2)
+        nsp_loss = None
+        if nsp_labels is not None and bool((nsp_labels != IGNORE_INDEX).any()):
+            nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels, ignore_index=IGNORE_INDEX)
+        parts = [part for part in (mlm_loss, nsp_loss) if part is not None]
+        loss = sum(parts) if parts else None
+        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
+                                 mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+
+
+class BertForMaskedLM(PretrainedMixin, nn.Module):
+    """Encoder (no pooler) + MLM head: fill-mask and MLM-only training."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.mlm = MaskedLMHead(config)
+        self.mlm.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
+        """labels: (B, T) long, -100 where no prediction is scored (or None for dense logits)."""
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        logits, loss = mlm_logits_and_loss(self.mlm, self.bert.embeddings.word_embeddings.weight,
+                                                   out.last_hidden_state, labels)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Parameters counted once even when shared (the tied MLM decoder)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertOutput", "PreTrainingOutput",
+           "MaskedLMOutput", "IGNORE_INDEX", "count_parameters"]

