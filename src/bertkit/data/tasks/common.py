@@ -1,0 +1,299 @@
+"""What the three task readers share: reading rows, reporting bad ones, word pieces, windows, batches.
+
+- `read_rows` reads CSV / TSV / JSONL files into (line, row) pairs; bad rows are reported through a
+  `DataReport` (file and line named, counted, skipped) so one broken row never stops a run.
+- `WordPieces` wraps the `tokenizers` backend for encoding without special tokens or truncation:
+  the task code places [CLS] / [SEP] itself, window by window.
+- `window_spans` and `max_context_owner` cut long inputs into overlapping windows and decide, for
+  each position, which window sees it with the most context on both sides (the rule of the
+  original BERT SQuAD code, used here for QA answer starts and for NER stitching).
+- `pad_batch` turns a list of features into padded tensors; `forward_batches` runs a model over
+  features in length-sorted batches and returns its outputs per feature.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # label value the losses skip
+
+# How many bad-row messages a report keeps verbatim; all are counted.
+MAX_MESSAGES = 20
+
+
+# ---------------------------------------------------------------------------------------------
+# bad-row reporting
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class DataReport:
+    """What reading one input produced: rows kept, rows skipped and why (first few verbatim)."""
+
+    source: str
+    n_kept: int = 0
+    n_skipped: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    def skip(self, where: str, why: str) -> None:
+        """Count one skipped row; `where` is "file:line", `why` says what is wrong and the fix."""
+        self.n_skipped += 1
+        if len(self.messages) < MAX_MESSAGES:  # the rest are counted, not logged one by one
+            self.messages.append(f"{where}: {why}")
+            log.warning("%s: %s (row skipped)", where, why)
+
+    def summary(self) -> str:
+        text = f"{self.source}: {self.n_kept} rows kept, {self.n_skipped} skipped"
+        if self.messages:
+            text += "; first problems: " + " | ".join(self.messages[:3])
+        return text
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "n_kept": self.n_kept, "n_skipped": self.n_skipped,
+                "messages": self.messages}
+
+    def require_rows(self) -> None:
+        """Raise when nothing usable was read: training on an empty set would only mislead."""
+        if self.n_kept == 0:
+            detail = f"; {self.n_skipped} rows skipped, e.g. {self.messages[0]}" if self.messages else ""
+            raise ValueError(f"{self.source}: no usable rows{detail}")
+
+
+def known_label_order(names: set[str], known: dict[str, int] | None) -> list[str] | None:
+    """The label order of a model's existing `label2id` when it names every label in `names`.
+
+    Fine-tuning an already fine-tuned model keeps its head meaningful only with the same ids.
+    Placeholder maps ("LABEL_0", "LABEL_1", ... of an untrained head) are not reused.
+    """
+    if not known or all(k.startswith("LABEL_") for k in known) or not names <= set(known):
+        return None
+    return [k for k, _ in sorted(known.items(), key=lambda kv: kv[1])]
+
+
+# ---------------------------------------------------------------------------------------------
+# row files
+# ---------------------------------------------------------------------------------------------
+ROW_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+def row_format(path: str | os.PathLike) -> str:
+    """'csv', 'tsv' or 'jsonl' from the file suffix; ValueError naming the suffixes understood."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in ROW_FORMATS:
+        raise ValueError(f"{path}: cannot tell the format from suffix {suffix!r}; use one of "
+                         f"{', '.join(ROW_FORMATS)} (CSV and TSV need a header row)")
+    return ROW_FORMATS[suffix]
+
+
+def read_rows(path: str | os.PathLike, report: DataReport) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, row dict) from a CSV / TSV (header row) or JSONL (one object a line) file.
+
+    Blank lines are ignored. A CSV/TSV row has every header key; fields a short row lacks are None
+    (the caller reports them). An undecodable JSONL line is reported here and skipped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    kind = row_format(path)
+    with open(path, encoding="utf-8", newline="") as f:
+        if kind == "jsonl":
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    report.skip(f"{path}:{line_no}", f"not valid JSON ({err.msg})")
+                    continue
+                if not isinstance(row, dict):
+                    report.skip(f"{path}:{line_no}", f"expected a JSON object, got {type(row).__name__}")
+                    continue
+                yield line_no, row
+            return
+        reader = csv.reader(f, delimiter="," if kind == "csv" else "\t")
+        header = next(reader, None)
+        if not header:
+            raise ValueError(f"{path}: empty file; a {kind.upper()} file needs a header row naming "
+                             "its columns")
+        header = [h.strip() for h in header]
+        line_no = reader.line_num + 1
+        for fields in reader:
+            if any(x.strip() for x in fields):
+                yield line_no, dict(zip(header, fields + [None] * (len(header) - len(fields))))
+            line_no = reader.line_num + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# word pieces
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class WordPieces:
+    """A `tokenizers.Tokenizer` that never truncates, pads or adds special tokens by itself.
+
+    Built from a bertkit `BertTokenizer` (its `.backend`) or a `tokenizers.Tokenizer`; the source
+    is copied, so its own truncation / padding settings are left untouched.
+    """
+
+    backend: Any  # tokenizers.Tokenizer
+    cls_id: int
+    sep_id: int
+    pad_id: int
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> "WordPieces":
+        from tokenizers import Tokenizer
+
+        backend = getattr(tokenizer, "backend", tokenizer)
+        if not isinstance(backend, Tokenizer):
+            raise TypeError(f"expected a BertTokenizer or tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        plain = Tokenizer.from_str(backend.to_str())
+        plain.no_truncation()
+        plain.no_padding()
+        ids = {}
+        for attr, token in (("cls_token_id", "[CLS]"), ("sep_token_id", "[SEP]"), ("pad_token_id", "[PAD]")):
+            # a BertTokenizer knows its special tokens' ids even when they are spelled differently
+            ids[attr] = getattr(tokenizer, attr, None)
+            if ids[attr] is None:
+                ids[attr] = plain.token_to_id(token)
+            if ids[attr] is None:
+                raise ValueError(f"the tokenizer has no {token} token; BERT inputs need [CLS], [SEP] "
+                                 "and [PAD] in the vocabulary")
+        return cls(plain, ids["cls_token_id"], ids["sep_token_id"], ids["pad_token_id"])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    def encode(self, texts: Sequence[str]) -> list[Any]:
+        """Encodings (ids, offsets into each text, word_ids) of raw texts; batched in Rust."""
+        return self.backend.encode_batch(list(texts), add_special_tokens=False)
+
+    def encode_words(self, sentences: Sequence[Sequence[str]]) -> list[Any]:
+        """Encodings of pre-split words; `word_ids` index each sentence's words."""
+        return self.backend.encode_batch([list(s) for s in sentences], is_pretokenized=True,
+                                         add_special_tokens=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# windows over long inputs
+# ---------------------------------------------------------------------------------------------
+def window_spans(length: int, size: int, stride: int) -> list[tuple[int, int]]:
+    """[start, end) windows of at most `size` items covering `length`, starts `stride` apart.
+
+    As the original BERT SQuAD code: a window starts every `stride` items until one reaches the
+    end (that last one may be shorter). `stride <= size` so that no item falls between windows.
+    An empty input gets one empty window, so every example yields a feature.
+    """
+    if size <= 0:
+        raise ValueError(f"window size must be positive, got {size}; increase --max-length")
+    if not 0 < stride <= size:
+        raise ValueError(f"doc stride {stride} must be in 1..{size} (the window's content size), "
+                         "or text would fall between windows; lower --doc-stride")
+    spans = []
+    start = 0
+    while True:
+        end = min(start + size, length)
+        spans.append((start, end))
+        if end >= length:
+            return spans
+        start += stride
+
+
+def max_context_owner(spans: Sequence[tuple[int, int]], length: int) -> list[int]:
+    """For each position in [0, length), the index of the window that sees it with most context.
+
+    Context = min(items to its left, items to its right) inside the window, plus 0.01 × the
+    window's length to prefer longer windows on ties (the score of BERT's `_check_is_max_context`);
+    remaining ties go to the earlier window.
+    """
+    owner = [-1] * length
+    best = [float("-inf")] * length
+    for w, (start, end) in enumerate(spans):
+        for i in range(start, end):
+            score = min(i - start, end - 1 - i) + 0.01 * (end - start)
+            if score > best[i]:
+                best[i], owner[i] = score, w
+    return owner
+
+
+# ---------------------------------------------------------------------------------------------
+# batches
+# ---------------------------------------------------------------------------------------------
+def pad_batch(features: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad a list of features to the longest one; returns tensors.
+
+    Each feature has `input_ids` and `token_type_ids` (lists of T_i ints) and optionally
+    `labels` (an int / float, or a list of T_i ints for token tasks), `start_positions`,
+    `end_positions` (ints). Output: input_ids, token_type_ids, attention_mask (B, T) long;
+    labels (B,) long / float or (B, T) long padded with -100; start/end_positions (B,) long.
+    """
+    width = max(len(f["input_ids"]) for f in features)
+    batch: dict[str, torch.Tensor] = {}
+
+    def padded(key: str, value: int) -> torch.Tensor:
+        return torch.tensor([list(f[key]) + [value] * (width - len(f[key])) for f in features],
+                            dtype=torch.long)
+
+    batch["input_ids"] = padded("input_ids", pad_id)  # (B, T)
+    batch["token_type_ids"] = padded("token_type_ids", 0)  # (B, T)
+    batch["attention_mask"] = torch.tensor(
+        [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features],
+        dtype=torch.long)  # (B, T)
+    if "labels" in features[0]:
+        first = features[0]["labels"]
+        if isinstance(first, (list, tuple)):
+            batch["labels"] = padded("labels", IGNORE_INDEX)  # (B, T)
+        elif isinstance(first, float):
+            batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.float)  # (B,)
+        else:
+            batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.long)  # (B,)
+    for key in ("start_positions", "end_positions"):
+        if key in features[0]:
+            batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)  # (B,)
+    return batch
+
+
+@torch.no_grad()
+def forward_batches(model: torch.nn.Module, features: Sequence[dict[str, Any]], *, pad_id: int,
+                    batch_size: int = 32, fields: Sequence[str] = ("logits",),
+                    token_level: bool = False, progress: bool = False) -> dict[str, list[torch.Tensor]]:
+    """Run `model` in eval mode over features (inputs only, no labels) and collect output fields.
+
+    Returns {field: [one CPU float tensor per feature]}: the (C,) row of a sequence-level output
+    (B, C), or with `token_level` the feature's own (T_i, ...) slice of a (B, T, ...) output, the
+    padding cut off. Features run in length order (less padding) and come back in input order.
+    The model's train/eval mode is restored afterwards.
+    """
+    from tqdm.auto import tqdm
+
+    from bertkit.inference import length_sorted_batches
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    batches = length_sorted_batches([len(f["input_ids"]) for f in features], batch_size)
+    out: dict[str, list[Any]] = {name: [None] * len(features) for name in fields}
+    try:
+        for idx in tqdm(batches, total=-(-len(features) // batch_size), desc="predict",
+                        disable=not progress, leave=False):
+            batch = pad_batch([_inputs_only(features[i]) for i in idx], pad_id)
+            result = model(**{k: v.to(device) for k, v in batch.items()})
+            for name in fields:
+                values = getattr(result, name).float().cpu()  # (B, C) or (B, T, ...)
+                for row, i in enumerate(idx):
+                    out[name][i] = values[row, :len(features[i]["input_ids"])] if token_level else values[row]
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _inputs_only(feature: dict[str, Any]) -> dict[str, Any]:
+    return {"input_ids": feature["input_ids"], "token_type_ids": feature["token_type_ids"]}

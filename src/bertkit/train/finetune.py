@@ -1,0 +1,702 @@
+"""Fine-tuning on the four downstream task types, and prediction with the result.
+
+`finetune(task, model, train, out_dir, eval_file=..., ...)` trains a task head on a pre-trained
+encoder (Devlin et al. 2019, section 4): full fine-tuning with AdamW, linear warmup then linear
+decay (peak 3e-5 by default; the paper searched 2e-5 … 5e-5), or the head alone with
+`freeze_encoder`. After every epoch the eval set is scored; the best model so far is written to
+OUT_DIR at once, so a crash or a kill later loses nothing already learned; `patience` epochs
+without improvement stop the run.
+
+OUT_DIR is a Hugging Face model directory (config.json with id2label / label2id,
+model.safetensors, tokenizer files) that `transformers`' matching `BertFor…` class loads with the
+same predictions, plus:
+  finetune_config.json   every setting of the run (`predict` reads the task and lengths from it)
+  metrics.jsonl          one line per epoch: train loss, learning rate, eval metrics
+  eval.json              the best epoch's eval metrics, test metrics of the best model, data
+                         reports; on a crash, the error and what had been saved
+
+`model` is a model directory or a preset name (tiny … large) for a randomly initialised encoder of
+that size, whose tokenizer then comes from `tokenizer`. Data come from files (see
+`bertkit.data.tasks`) or built-in sets (`builtin:NAME[:SPLIT]`, see `bertkit.data.labelled`): a
+built-in train split brings its dev split as eval set and its test split as test set.
+
+`predict(model_dir, input_file, out_file)` runs a fine-tuned directory over a file, with the
+same windows and decoding as evaluation, and writes one JSON line per input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from bertkit import metrics
+from bertkit.checkpoint import load_into, read_state_dict, to_hf_state_dict
+from bertkit.config import PRESETS, BertConfig
+from bertkit.data import labelled
+from bertkit.data.tasks import classify, ner, qa
+from bertkit.data.tasks.common import IGNORE_INDEX, DataReport, WordPieces, forward_batches, pad_batch
+from bertkit.fileio import atomic_write_json, atomic_write_text
+from bertkit.heads import HEADS
+from bertkit.train import distributed, optim
+
+log = logging.getLogger(__name__)
+
+TASKS = ("classify", "pair", "ner", "qa")
+CONFIG_FILE = "finetune_config.json"
+METRICS_FILE = "metrics.jsonl"
+EVAL_FILE = "eval.json"
+# Files a run writes into OUT_DIR; an existing one is only replaced with `overwrite`.
+RUN_OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, METRICS_FILE, EVAL_FILE)
+HEAD_PREFIXES = ("classifier.", "qa_outputs.")  # Hugging Face names of the task heads' tensors
+
+
+@dataclass
+class FinetuneConfig:
+    """Every setting of a fine-tuning run; written to OUT_DIR/finetune_config.json."""
+
+    task: str  # classify | pair | ner | qa
+    model: str  # model directory, or a preset name for random init (needs `tokenizer`)
+    train: str  # training file, or builtin:NAME[:SPLIT]
+    out_dir: str
+    eval: str | None = None  # scored after every epoch; picks the best epoch
+    test: str | None = None  # scored once with the best model at the end
+    tokenizer: str | None = None  # tokenizer directory (default: the model directory)
+
+    # --- optimisation (BERT paper, appendix A.3: batch 16/32, lr 2e-5…5e-5, 2-4 epochs)
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 3e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1  # share of the steps spent warming up, as the reference run_classifier
+    max_grad_norm: float = 1.0
+    freeze_encoder: bool = False  # train the head only (a linear probe of the encoder)
+    patience: int | None = None  # stop after this many epochs without a better eval score
+    seed: int = 42
+
+    # --- inputs
+    max_length: int | None = None  # pieces per window; None = 128 (384 for qa)
+    doc_stride: int | None = None  # pieces between window starts; None = half a window (128 for qa)
+    max_train_examples: int | None = None  # use the first N training examples (small budgets)
+    text_column: str = "text"
+    pair_column: str = "text_pair"
+    label_column: str = "label"
+    problem_type: str | None = None  # classify/pair: "regression" or "single_label_classification"
+    tokens_key: str = "tokens"  # ner JSONL keys
+    tags_key: str = "tags"
+    ner_invalid: str = "skip"  # ner: "skip" sentences with broken BIO/BIOES, or "repair" them
+
+    # --- qa (run_squad.py's defaults)
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    n_best: int = 20
+    null_score_diff_threshold: float = 0.0
+    version_2_with_negative: bool | None = None  # None: as the training file says
+
+    # --- execution
+    eval_batch_size: int = 64
+    device: str = "auto"  # auto | cpu | cuda
+    progress: bool = True
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("model", "train", "out_dir", "eval", "test", "tokenizer"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, str(value))  # paths are stored as text in finetune_config.json
+        if self.max_length is None:
+            self.max_length = 384 if self.task == "qa" else 128
+        self.validate()
+
+    def validate(self) -> None:
+        problems = []
+        if self.task not in TASKS:
+            problems.append(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "max_query_length",
+                     "max_answer_length", "n_best"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        for name in ("patience", "doc_stride", "max_train_examples"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                problems.append(f"{name} must be a positive integer or None, got {value!r}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.warmup_ratio < 1:
+            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if self.ner_invalid not in ("skip", "repair"):
+            problems.append(f"ner_invalid must be 'skip' or 'repair', got {self.ner_invalid!r}")
+        if problems:
+            raise ValueError("invalid fine-tuning settings: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks: reading, labels, features, evaluation and prediction behind one interface
+# ---------------------------------------------------------------------------------------------
+def _read_builtin(spec: str, task: str, default_split: str) -> tuple[list, DataReport] | None:
+    found = labelled.resolve_builtin(spec, default_split)
+    if found is None:
+        return None
+    name, split = found
+    wanted = "classify" if task in ("classify", "pair") else task
+    if labelled.labelled_set(name).task != wanted or task == "pair":
+        raise ValueError(f"{spec} is a {labelled.labelled_set(name).task} data set; use it with "
+                         f"--task {labelled.labelled_set(name).task}")
+    items = labelled.load_labelled(name, split)
+    return items, DataReport(spec, n_kept=len(items))
+
+
+class ClassifyTask:
+    """Single texts (`classify`) and text pairs (`pair`): classes or regression."""
+
+    def __init__(self, config: FinetuneConfig, pieces: WordPieces):
+        self.config, self.pieces = config, pieces
+        self.pair = config.task == "pair"
+        self.columns = classify.ClassifyColumns(config.text_column, config.pair_column, config.label_column)
+        self.space: classify.LabelSpace | None = None
+        self.notes: dict[str, Any] = {}  # facts about the training data for eval.json
+
+    def read(self, spec: str, *, training: bool, labelled_rows: bool = True):
+        found = _read_builtin(spec, self.config.task, "train" if training else "dev")
+        if found:
+            return found
+        if not labelled_rows and str(spec).endswith(".txt"):
+            return _read_text_lines(spec, lambda text, where: classify.ClassifyExample(text, None, None, where))
+        return classify.read_classify(spec, pair=self.pair, columns=self.columns, labelled=labelled_rows)
+
+    def setup_labels(self, train: Sequence, known: dict[str, int] | None) -> dict[str, Any]:
+        self.space = classify.LabelSpace.infer(train, self.config.problem_type, known)
+        return {"id2label": self.space.id2label, "label2id": self.space.label2id,
+                "problem_type": "regression" if self.space.regression else "single_label_classification"}
+
+    def load_labels(self, model_config: BertConfig) -> None:
+        regression = model_config.problem_type == "regression" or model_config.num_labels == 1
+        self.space = classify.LabelSpace(None if regression else
+                                         [model_config.id2label[i] for i in sorted(model_config.id2label)])
+
+    def train_features(self, examples: Sequence, source: str) -> list[dict]:
+        return classify.classify_features(examples, self.pieces, self.config.max_length,
+                                          label_ids=self.space.encode(examples, source))
+
+    def main_metric(self) -> tuple[str, bool]:
+        return ("mse", False) if self.space.regression else ("accuracy", True)
+
+    def check_labels(self, examples: Sequence, source: str) -> None:
+        self.space.encode(examples, source)
+
+    def _scores(self, model: nn.Module, examples: Sequence) -> torch.Tensor:
+        features = classify.classify_features(examples, self.pieces, self.config.max_length,
+                                              windows=True, stride=self.config.doc_stride)
+        out = forward_batches(model, features, pad_id=self.pieces.pad_id,
+                              batch_size=self.config.eval_batch_size, progress=self.config.progress)
+        return classify.aggregate_windows(out["logits"], features, len(examples), self.space.regression)
+
+    def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
+        gold = self.space.encode(examples, source)
+        scores = self._scores(model, examples)  # (N, C)
+        if self.space.regression:
+            pred = scores[:, 0]
+            target = torch.tensor(gold)
+            pearson = float(torch.corrcoef(torch.stack([pred, target]))[0, 1]) if len(gold) > 1 else float("nan")
+            return {"mse": float(((pred - target) ** 2).mean()), "pearson": pearson, "n": len(gold)}
+        pred = scores.argmax(-1).tolist()
+        return {"accuracy": metrics.accuracy(pred, gold), "macro_f1": metrics.macro_f1(pred, gold),
+                "n": len(gold)}
+
+    def predict(self, model: nn.Module, examples: Sequence) -> list[dict[str, Any]]:
+        scores = self._scores(model, examples)
+        rows = []
+        for example, row in zip(examples, scores.tolist()):
+            out: dict[str, Any] = {"text": example.text}
+            if example.text_pair is not None:
+                out["text_pair"] = example.text_pair
+            if self.space.regression:
+                out["value"] = row[0]
+            else:
+                out["label"] = self.space.names[max(range(len(row)), key=row.__getitem__)]
+                out["scores"] = dict(zip(self.space.names, row))
+            rows.append(out)
+        return rows
+
+
+class NerTask:
+    """Token classification with BIO / BIOES tags."""
+
+    def __init__(self, config: FinetuneConfig, pieces: WordPieces):
+        self.config, self.pieces = config, pieces
+        self.scheme: str | None = None
+        self.names: list[str] | None = None
+        self.notes: dict[str, Any] = {}
+
+    def read(self, spec: str, *, training: bool, labelled_rows: bool = True):
+        found = _read_builtin(spec, "ner", "train" if training else "dev")
+        if found:
+            if training:
+                self.scheme = "BIO"
+            return found
+        if not labelled_rows and str(spec).endswith(".txt"):
+            return _read_text_lines(spec, lambda text, where: (text, where))
+        sentences, report, scheme = ner.read_ner(
+            spec, labelled=labelled_rows, tokens_key=self.config.tokens_key, tags_key=self.config.tags_key,
+            invalid=self.config.ner_invalid)
+        if training:
+            self.scheme = scheme
+        return sentences, report
+
+    def setup_labels(self, train: Sequence, known: dict[str, int] | None) -> dict[str, Any]:
+        self.names = ner.label_names(train, self.scheme or "BIO", known)
+        return {"id2label": dict(enumerate(self.names)), "label2id": {n: i for i, n in enumerate(self.names)}}
+
+    def load_labels(self, model_config: BertConfig) -> None:
+        self.names = [model_config.id2label[i] for i in sorted(model_config.id2label)]
+        self.scheme = "BIOES" if any(n[:2] in ("E-", "S-") for n in self.names) else "BIO"
+
+    def train_features(self, examples: Sequence, source: str) -> list[dict]:
+        encoded = ner.ner_features(examples, self.pieces, self.config.max_length,
+                                   label2id={n: i for i, n in enumerate(self.names)},
+                                   stride=self.config.doc_stride)
+        self.notes.update(scheme=self.scheme, words_without_pieces=encoded.n_words_without_pieces)
+        # A window holding only continuation pieces has no label; it would add a NaN loss.
+        return [f for f in encoded.features if any(x != IGNORE_INDEX for x in f["labels"])]
+
+    def main_metric(self) -> tuple[str, bool]:
+        return "f1", True
+
+    def check_labels(self, examples: Sequence, source: str) -> None:
+        """An eval tag the head lacks is an error: it could never be predicted, and skipping its
+        sentences would flatter the score."""
+        known = set(self.names)
+        for sentence in examples:
+            unknown = sorted(set(sentence.tags) - known)
+            if unknown:
+                raise ValueError(f"{sentence.where}: tag(s) {', '.join(map(repr, unknown))} were not in "
+                                 f"the training data (known: {', '.join(self.names)}); use the same "
+                                 "entity types and tag scheme in training and evaluation")
+
+    def tag(self, model: nn.Module, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
+        """Predicted tags of pre-split sentences."""
+        encoded = ner.ner_features([ner.NerSentence(list(s), None) for s in sentences], self.pieces,
+                                   self.config.max_length, stride=self.config.doc_stride)
+        out = forward_batches(model, encoded.features, pad_id=self.pieces.pad_id, token_level=True,
+                              batch_size=self.config.eval_batch_size, progress=self.config.progress)
+        return ner.stitch_predictions(out["logits"], encoded, dict(enumerate(self.names)))
+
+    def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
+        self.check_labels(examples, source)
+        predicted = self.tag(model, [s.words for s in examples])
+        scores = metrics.entity_scores(predicted, [s.tags for s in examples])
+        result = scores.to_dict()
+        result["n"] = len(examples)
+        return result
+
+    def predict(self, model: nn.Module, examples: Sequence) -> list[dict[str, Any]]:
+        if examples and isinstance(examples[0], tuple):  # raw text lines: the tokenizer splits words
+            splits = ner.split_words(self.pieces, [text for text, _ in examples])
+            tags = self.tag(model, [s.words for s in splits])
+            return [{"text": s.text, "entities": ner.entities_with_offsets(t, s)} for s, t in zip(splits, tags)]
+        tags = self.tag(model, [s.words for s in examples])
+        return [{"tokens": s.words, "tags": t, "entities": ner.entities_with_offsets(t, ner.join_words(s.words))}
+                for s, t in zip(examples, tags)]
+
+
+class QATask:
+    """Extractive QA on SQuAD v1.1 / v2.0 files."""
+
+    def __init__(self, config: FinetuneConfig, pieces: WordPieces):
+        self.config, self.pieces = config, pieces
+        self.settings = qa.QASettings(config.max_length, config.doc_stride or 128, config.max_query_length,
+                                      config.max_answer_length, config.n_best,
+                                      config.null_score_diff_threshold, config.version_2_with_negative)
+        self.notes: dict[str, Any] = {}
+
+    def read(self, spec: str, *, training: bool, labelled_rows: bool = True):
+        if labelled.resolve_builtin(spec) is not None:
+            raise ValueError(f"{spec}: no built-in QA data set exists; pass a SQuAD-format JSON file")
+        examples, report, is_v2 = qa.read_squad(spec, training=training)
+        if training and self.settings.version_2_with_negative is None:
+            self.settings.version_2_with_negative = is_v2
+            self.config.version_2_with_negative = is_v2
+        return examples, report
+
+    def setup_labels(self, train: Sequence, known: dict[str, int] | None) -> dict[str, Any]:
+        return {}
+
+    def load_labels(self, model_config: BertConfig) -> None:
+        if self.settings.version_2_with_negative is None:
+            self.settings.version_2_with_negative = False
+
+    def train_features(self, examples: Sequence, source: str) -> list[dict]:
+        encoded = qa.qa_features(examples, self.pieces, self.settings, training=True)
+        self.notes["answers_not_mapped_to_pieces"] = encoded.n_unreachable
+        if encoded.n_unreachable:
+            log.warning("%s: %d answers could not be mapped to word pieces (skipped)", source,
+                        encoded.n_unreachable)
+        return encoded.features
+
+    def main_metric(self) -> tuple[str, bool]:
+        return "f1", True
+
+    def check_labels(self, examples: Sequence, source: str) -> None:
+        pass  # answers are texts of the passage: nothing to match against a label set
+
+    def answers(self, model: nn.Module, examples: Sequence) -> list[qa.QAPrediction]:
+        encoded = qa.qa_features(examples, self.pieces, self.settings, training=False)
+        out = forward_batches(model, encoded.features, pad_id=self.pieces.pad_id, token_level=True,
+                              fields=("start_logits", "end_logits"),
+                              batch_size=self.config.eval_batch_size, progress=self.config.progress)
+        return qa.decode_answers(out["start_logits"], out["end_logits"], examples, encoded,
+                                 self.settings, bool(self.settings.version_2_with_negative))
+
+    def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
+        predictions = {p.id: p.text for p in self.answers(model, examples)}
+        gold = {e.id: [text for text, _ in e.answers] for e in examples}
+        result = metrics.squad_scores(predictions, gold).to_dict()
+        result["n"] = len(examples)
+        return result
+
+    def predict(self, model: nn.Module, examples: Sequence) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(p) for p in self.answers(model, examples)]
+
+
+TASK_CLASSES = {"classify": ClassifyTask, "pair": ClassifyTask, "ner": NerTask, "qa": QATask}
+
+
+def _read_text_lines(path: str, make) -> tuple[list, DataReport]:
+    """Prediction input as plain text, one example a line (blank lines skipped)."""
+    path_ = Path(path)
+    if not path_.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    report = DataReport(str(path))
+    items = []
+    for line_no, line in enumerate(path_.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            items.append(make(line.strip(), f"{path}:{line_no}"))
+    report.n_kept = len(items)
+    report.require_rows()
+    return items, report
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, tokenizer, output directory
+# ---------------------------------------------------------------------------------------------
+def _load_tokenizer(config: FinetuneConfig):
+    from bertkit.tokenizer import BertTokenizer
+
+    source = config.tokenizer
+    if source is None:
+        if config.model in PRESETS:
+            raise ValueError(f"--model {config.model} is a preset (random init) and has no tokenizer; "
+                             "pass --tokenizer DIR (e.g. the directory of a pre-trained model)")
+        source = config.model
+    return BertTokenizer.from_pretrained(source)
+
+
+def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[str, Any],
+                seed: int) -> nn.Module:
+    """The task model: a preset of fresh weights (seeded), or a directory's weights with the head
+    for `label_overrides`. A head of a different size in the directory (an earlier task's) is
+    dropped and initialised afresh; a head of the same labels is kept."""
+    cls = HEADS[task]
+    torch.manual_seed(seed)  # the new head (and a preset's encoder) start from the run's seed
+    if model in PRESETS:
+        return cls(BertConfig.preset(model, vocab_size=vocab_size, **label_overrides))
+    directory = Path(model)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"--model {model}: no such model directory and not a preset "
+                                f"({', '.join(PRESETS)})")
+    config = BertConfig.from_json(directory)
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"the model's vocab_size {config.vocab_size} differs from the tokenizer's "
+                         f"{vocab_size}; use the tokenizer the model was trained with")
+    config = config.replace(**label_overrides) if label_overrides else config
+    net = cls(config)
+    state = read_state_dict(directory)
+    own_shapes = {k: v.shape for k, v in to_hf_state_dict(net.state_dict()).items()}
+    stale = [k for k, v in state.items() if k.startswith(HEAD_PREFIXES) and k in own_shapes
+             and tuple(v.shape) != tuple(own_shapes[k])]
+    if stale:
+        log.warning("%s: task head %s has another label set; it is initialised afresh", model,
+                    ", ".join(stale))
+        state = {k: v for k, v in state.items() if k not in stale}
+    net.load_report = load_into(net, state, str(directory))
+    return net
+
+
+def _check_out_dir(config: FinetuneConfig) -> Path:
+    """OUT_DIR may be new or empty; a previous run's files are replaced only with `overwrite`."""
+    out = Path(config.out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a directory")
+    existing = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    if existing and not config.overwrite:
+        raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out or "
+                              "pass --overwrite to replace them")
+    return out
+
+
+def _start_out_dir(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (METRICS_FILE, EVAL_FILE):
+        (out / name).unlink(missing_ok=True)  # stale results must not mix with this run's
+
+
+def _device(name: str) -> torch.device:
+    info = distributed.init_distributed(name)
+    if info.world_size > 1:
+        raise ValueError("fine-tuning runs in a single process; start it without torchrun")
+    return info.device
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def _batches(features: Sequence[dict], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled batches of feature indices, similar lengths together.
+
+    Features are shuffled, cut into pools of 50 batches, sorted by length within a pool and the
+    batches shuffled again: padding shrinks while every epoch still sees a new order.
+    """
+    order = list(range(len(features)))
+    rng.shuffle(order)
+    pool = batch_size * 50
+    batches = []
+    for lo in range(0, len(order), pool):
+        chunk = sorted(order[lo:lo + pool], key=lambda i: len(features[i]["input_ids"]))
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _improved(value: float | None, best: float | None, higher_is_better: bool) -> bool:
+    if value is None or math.isnan(value):
+        return False
+    if best is None:
+        return True
+    return value > best if higher_is_better else value < best
+
+
+@dataclass
+class _RunState:
+    records: list[dict] = field(default_factory=list)
+    best: float | None = None
+    best_epoch: int | None = None
+    best_eval: dict | None = None
+    stopped_early: bool = False
+
+
+def finetune(task: str, model_dir: str, train_file: str, out_dir: str, *, eval_file: str | None = None,
+             **settings: Any) -> dict[str, Any]:
+    """Fine-tune `model_dir` (or a preset) on `train_file`; write the model to `out_dir`.
+
+    settings: any other `FinetuneConfig` field (epochs, lr, batch_size, freeze_encoder, patience,
+    max_length, tokenizer, test, ...). Returns the content of OUT_DIR/eval.json: the best epoch,
+    its eval metrics, the test metrics, data reports.
+    """
+    config = FinetuneConfig(task=task, model=str(model_dir), train=str(train_file), out_dir=str(out_dir),
+                            eval=None if eval_file is None else str(eval_file), **settings)
+    return run_finetune(config)
+
+
+def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
+    """Run one fine-tuning (see the module docstring); returns eval.json's content."""
+    out = _check_out_dir(config)  # fail before any work; create it only once the inputs are good
+    tokenizer = _load_tokenizer(config)
+    pieces = WordPieces.of(tokenizer)
+    task = TASK_CLASSES[config.task](config, pieces)
+
+    builtin = labelled.resolve_builtin(config.train)
+    if builtin and builtin[1] == "train":  # a built-in set brings its own dev and test splits
+        config.eval = config.eval or f"{labelled.BUILTIN_PREFIX}{builtin[0]}:dev"
+        config.test = config.test or f"{labelled.BUILTIN_PREFIX}{builtin[0]}:test"
+    train, train_report = task.read(config.train, training=True)
+    if config.max_train_examples:
+        train = train[:config.max_train_examples]
+    evaluation = task.read(config.eval, training=False) if config.eval else None
+    test = task.read(config.test, training=False) if config.test else None
+
+    known = None
+    if config.model not in PRESETS and (Path(config.model) / "config.json").is_file():
+        known = BertConfig.from_json(config.model).label2id
+    label_overrides = task.setup_labels(train, known)
+    model = build_model(config.task, config.model, pieces.vocab_size, label_overrides, config.seed)
+    if config.max_length > model.config.max_position_embeddings:
+        raise ValueError(f"max_length {config.max_length} exceeds the model's max_position_embeddings "
+                         f"{model.config.max_position_embeddings}; pass --max-length "
+                         f"{model.config.max_position_embeddings} (longer inputs go through windows)")
+    features = task.train_features(train, config.train)
+    if not features:
+        raise ValueError(f"{config.train}: no training features could be made")
+    for name, data in ((config.eval, evaluation), (config.test, test)):
+        if data is not None:  # unknown labels fail now, not after an epoch of training
+            task.check_labels(data[0], name)
+
+    device = _device(config.device)
+    model.to(device)
+    if config.freeze_encoder:
+        for param in model.bert.parameters():
+            param.requires_grad_(False)
+
+    _start_out_dir(out)
+    model.save_pretrained(out)  # config and initial weights first, so the directory is complete
+    tokenizer.save_pretrained(out)
+    atomic_write_json(out / CONFIG_FILE, config.to_dict())
+    reports = {"train": train_report.to_dict(), "train_examples": len(train),
+               "train_features": len(features), **task.notes}
+    if evaluation is not None:
+        reports["eval"] = evaluation[1].to_dict()
+    if test is not None:
+        reports["test"] = test[1].to_dict()
+    for report in (train_report, evaluation and evaluation[1], test and test[1]):
+        if report and report.n_skipped:
+            log.warning("%s", report.summary())
+
+    state = _RunState()
+    metric, higher = task.main_metric()
+    started = time.time()
+    try:
+        _train(config, task, model, features, evaluation, out, state, metric, higher, device)
+    except BaseException as err:
+        atomic_write_json(out / EVAL_FILE, _summary(config, state, metric, reports, started,
+                                                    status="interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                                                    error=f"{type(err).__name__}: {err}"))
+        raise
+    summary = _summary(config, state, metric, reports, started, status="done")
+    if test is not None:
+        best = type(model).from_pretrained(out).to(device)
+        summary["test"] = task.evaluate(best, test[0], config.test)
+    atomic_write_json(out / EVAL_FILE, summary)
+    return summary
+
+
+def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict], evaluation,
+           out: Path, state: _RunState, metric: str, higher: bool, device: torch.device) -> None:
+    from tqdm.auto import tqdm
+
+    rng = random.Random(config.seed)
+    steps_per_epoch = math.ceil(len(features) / config.batch_size)
+    total = steps_per_epoch * config.epochs
+    optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
+    schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    step = 0
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        tick = time.time()
+        loss_sum, n_batches = 0.0, 0
+        bar = tqdm(_batches(features, config.batch_size, rng), desc=f"epoch {epoch}/{config.epochs}",
+                   unit="batch", disable=not config.progress, dynamic_ncols=True)
+        for batch_index in bar:
+            batch = pad_batch([features[i] for i in batch_index], task.pieces.pad_id)
+            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1} (epoch "
+                                         f"{epoch}); lower --lr. The best model so far is in {out}")
+            loss.backward()
+            if config.max_grad_norm:
+                nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss_sum += loss.item()
+            n_batches += 1
+            bar.set_postfix(loss=f"{loss_sum / n_batches:.4f}")
+        bar.close()
+        record = {"epoch": epoch, "step": step, "train_loss": loss_sum / max(1, n_batches),
+                  "lr": schedule.get_last_lr()[0], "train_seconds": round(time.time() - tick, 2)}
+        if evaluation is not None:
+            scores = task.evaluate(model, evaluation[0], config.eval)
+            record["eval"] = scores
+            value = scores.get(metric)
+        else:
+            value = -record["train_loss"] if higher else record["train_loss"]  # no eval set: latest
+        if evaluation is None or _improved(value, state.best, higher):
+            state.best, state.best_epoch = value, epoch
+            state.best_eval = record.get("eval")
+            model.save_pretrained(out)  # atomic per file; the config does not change between epochs
+            record["saved"] = True
+        state.records.append(record)
+        atomic_write_text(out / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in state.records))
+        log.info("epoch %d: %s", epoch, json.dumps(record))
+        if config.patience and state.best_epoch is not None and epoch - state.best_epoch >= config.patience:
+            state.stopped_early = True
+            break
+
+
+def _summary(config: FinetuneConfig, state: _RunState, metric: str, reports: dict, started: float,
+             *, status: str, error: str | None = None) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "status": status,
+        "task": config.task,
+        "model": config.model,
+        "metric": metric,
+        "best_epoch": state.best_epoch,
+        "eval": state.best_eval,
+        "epochs_run": len(state.records),
+        "stopped_early": state.stopped_early,
+        "seconds": round(time.time() - started, 2),
+        "data": reports,
+    }
+    if error:
+        summary["error"] = error
+        summary["saved_model"] = (f"epoch {state.best_epoch}" if state.best_epoch
+                                  else "initial weights only (no epoch finished)")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction
+# ---------------------------------------------------------------------------------------------
+def predict(model_dir: str, input_file: str, out_file: str, *, task: str | None = None,
+            overwrite: bool = False, batch_size: int = 64, device: str = "auto",
+            progress: bool = True, **settings: Any) -> dict[str, Any]:
+    """Run a fine-tuned directory over `input_file`; write one JSON line per input to `out_file`.
+
+    task: taken from MODEL_DIR/finetune_config.json when the directory was made by `finetune`
+      (with its lengths and column names); needed otherwise.
+    settings: FinetuneConfig fields that override the saved ones (e.g. max_length, doc_stride,
+      null_score_diff_threshold, text_column).
+    Inputs and outputs per task:
+      classify / pair: CSV / TSV / JSONL (text columns; labels ignored) or .txt (one text a line)
+        → {"text", ["text_pair"], "label", "scores": {label: probability}} or {"text", "value"};
+      ner: CoNLL / JSONL words → {"tokens", "tags", "entities"}; .txt raw text, one a line →
+        {"text", "entities": [{"type", "text", "start", "end", ...}]} with character offsets;
+      qa: SQuAD JSON → {"id", "text", "score", "null_score_diff", "nbest"}.
+    Returns {"task", "n", "out_file", "input": data report}.
+    """
+    directory = Path(model_dir)
+    saved_path = directory / CONFIG_FILE
+    saved = json.loads(saved_path.read_text(encoding="utf-8")) if saved_path.is_file() else {}
+    task = task or saved.get("task")
+    if task is None:
+        raise ValueError(f"{directory} has no {CONFIG_FILE}; pass --task ({', '.join(TASKS)})")
+    out = Path(out_file)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
+    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    values = {k: v for k, v in saved.items() if k in known}
+    values.update(task=task, model=str(directory), train=values.get("train", ""), out_dir=str(directory),
+                  tokenizer=None, eval_batch_size=batch_size, device=device, progress=progress)
+    values.update(settings)
+    config = FinetuneConfig(**values)
+    pieces = WordPieces.of(_load_tokenizer(config))
+    runner = TASK_CLASSES[task](config, pieces)
+    model = HEADS[task].from_pretrained(directory).to(_device(device))
+    runner.load_labels(model.config)
+    examples, report = runner.read(str(input_file), training=False, labelled_rows=False)
+    rows = runner.predict(model, examples)
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return {"task": task, "n": len(rows), "out_file": str(out), "input": report.to_dict()}
