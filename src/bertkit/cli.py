@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -29,15 +30,440 @@ def _run_info(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# fill-mask
+# ---------------------------------------------------------------------------------------------
+def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fill-mask", help="top-k candidates with probabilities for each [MASK]")
+    p.add_argument("model", help="model dir with an MLM head (ours or Hugging Face's) and tokenizer files")
+    p.add_argument("texts", nargs="+", help='texts containing [MASK], e.g. "Paris is the [MASK] of France."')
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print one JSON object per text")
+    p.set_defaults(func=_run_fill_mask)
+
+
+def _run_fill_mask(args: argparse.Namespace) -> None:
+    from bertkit.inference import fill_mask
+
+    results = fill_mask(args.model, None, args.texts, top_k=args.top_k)
+    for text, masks in zip(args.texts, results):
+        if args.json:
+            print(json.dumps({"text": text, "masks": [[{"token": c.token, "token_id": c.token_id, "prob": c.prob}
+                                                       for c in cands] for cands in masks]}, ensure_ascii=False))
+            continue
+        print(text)
+        for i, cands in enumerate(masks):
+            shown = "  ".join(f"{c.token} {c.prob:.3f}" for c in cands)
+            print(f"  [MASK] {i + 1}: {shown}")
+
+
+# ---------------------------------------------------------------------------------------------
+# embed
+# ---------------------------------------------------------------------------------------------
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("embed", help="sentence embeddings and their cosine similarities")
+    p.add_argument("model", help="model dir (any BERT checkpoint with tokenizer files)")
+    p.add_argument("texts", nargs="+")
+    p.add_argument("--pooling", choices=["mean", "cls"], default="mean")
+    p.add_argument("--json", action="store_true", help="print the embeddings as JSON lists")
+    p.set_defaults(func=_run_embed)
+
+
+def _run_embed(args: argparse.Namespace) -> None:
+    from bertkit.inference import embed
+
+    vectors = embed(args.model, None, args.texts, pooling=args.pooling)
+    if args.json:
+        for text, vector in zip(args.texts, vectors.tolist()):
+            print(json.dumps({"text": text, "embedding": vector}, ensure_ascii=False))
+        return
+    print(f"{len(args.texts)} embeddings of size {vectors.shape[1]} ({args.pooling} pooling); cosine similarity:")
+    sims = vectors @ vectors.T
+    for i, text in enumerate(args.texts):
+        print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+
+
+# ---------------------------------------------------------------------------------------------
 # (further commands are added below, one section each)
 # ---------------------------------------------------------------------------------------------
 
 
-COMMANDS = [_add_info]
+# ---------------------------------------------------------------------------------------------
+# pretrain
+# ---------------------------------------------------------------------------------------------
+def _add_pretrain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pretrain", help="pre-train a BERT (MLM + NSP) on data made by `prepare`",
+                       description="Pre-train a BERT on prepared data. Options left out take the "
+                       "defaults of bertkit.train.pretrain.PretrainConfig; the full settings are "
+                       "written to RUN_DIR/pretrain_config.json. Runs under torchrun as it is.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--data", required=True, help="DATA_DIR made by `bertkit prepare`")
+    p.add_argument("--out", required=True, help="RUN_DIR for checkpoints, metrics and the model")
+    p.add_argument("--model", help="preset (tiny mini small medium base large; default mini), "
+                   "config.json or model directory; vocab_size comes from the data")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", dest="model_args",
+                   help="override a config.json field, e.g. hidden_dropout_prob=0 (repeatable)")
+    p.add_argument("--init", help="continue from this Hugging Face BERT directory's weights")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (or give --epochs)")
+    p.add_argument("--epochs", type=float, help="passes over the data (default 1)")
+    p.add_argument("--batch-size", type=int, help="sequences per optimizer step, all processes (128)")
+    p.add_argument("--grad-accum", type=int, help="micro-batches per step (1)")
+    p.add_argument("--lr", type=float, help="peak learning rate (5e-4)")
+    p.add_argument("--weight-decay", type=float, help="AdamW weight decay, not on biases/LayerNorm (0.01)")
+    p.add_argument("--schedule", choices=["linear", "cosine", "constant"], help="decay after warmup")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (6%% of the steps)")
+    p.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
+    p.add_argument("--mlm-probability", type=float, help="share of tokens selected for MLM (0.15)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
+                   help="auto = bf16 on CUDA and CPUs with native bf16, else fp32")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--num-workers", type=int, help="DataLoader worker processes (1)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--log-every", type=int, help="steps between metrics.jsonl lines (10)")
+    p.add_argument("--eval-every", type=int, help="steps between held-out evaluations (10 × log)")
+    p.add_argument("--eval-batches", type=int, help="held-out batches per evaluation (20)")
+    p.add_argument("--save-every", type=int, help="steps between checkpoints (1000)")
+    p.add_argument("--keep", type=int, help="checkpoints kept (2)")
+    p.add_argument("--max-bad-steps", type=int, help="non-finite steps in a row before stopping (10)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop cleanly with a checkpoint after this much training; --resume continues")
+    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start over in an existing RUN_DIR")
+    p.set_defaults(func=_run_pretrain)
+
+
+def _run_pretrain(args: argparse.Namespace) -> None:
+    import logging
+
+    from bertkit.train.pretrain import Interrupted, PretrainConfig, TrainingDiverged, pretrain
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model_args")}
+    overrides = {}
+    for item in getattr(args, "model_args", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--model-arg {item!r} is not KEY=VALUE")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value  # a bare string such as gelu_new
+    if overrides:
+        settings["model_overrides"] = overrides
+    try:
+        summary = pretrain(PretrainConfig(**settings))
+    except TrainingDiverged as err:
+        raise SystemExit(f"bertkit pretrain: stopped: {err}") from None
+    except Interrupted as err:
+        print(f"bertkit pretrain: {err}", file=sys.stderr)
+        raise SystemExit(128 + err.signum) from None
+    print(json.dumps(summary))
+
+
+# ---------------------------------------------------------------------------------------------
+# plot
+# ---------------------------------------------------------------------------------------------
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="draw loss / accuracy / lr curves of a run into RUN_DIR/curves.png")
+    p.add_argument("run_dir", help="RUN_DIR of `bertkit pretrain`")
+    p.add_argument("--out", default=None, help="image path (default RUN_DIR/curves.png)")
+    p.set_defaults(func=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> None:
+    from bertkit.plot import plot_run
+
+    try:
+        print(plot_run(args.run_dir, args.out))
+    except ImportError as err:
+        raise SystemExit(f"bertkit plot: error: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# quickstart
+# ---------------------------------------------------------------------------------------------
+def _add_quickstart(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quickstart", help="the demo: corpus → vocabulary → pre-training → fill-mask "
+                       "(≈10 minutes on 2 CPU cores)")
+    p.add_argument("--lang", choices=["zh", "en"], default="zh",
+                   help="zh: People's Daily 1998 (default); en: BBC News")
+    p.add_argument("--out", default="runs/quickstart", help="run directory (default runs/quickstart)")
+    p.add_argument("--steps", type=int, default=None, help="pre-training steps (default: sized to fit)")
+    p.add_argument("--overwrite", action="store_true", help="start over if --out holds another run")
+    p.set_defaults(func=_run_quickstart)
+
+
+def _run_quickstart(args: argparse.Namespace) -> None:
+    import logging
+
+    from bertkit.quickstart import QuickstartConfig, quickstart
+    from bertkit.train.pretrain import Interrupted
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    try:
+        result = quickstart(QuickstartConfig(lang=args.lang, out=args.out, steps=args.steps,
+                                             overwrite=args.overwrite))
+    except Interrupted as err:
+        print(f"bertkit quickstart: {err}; run the same command again to continue", file=sys.stderr)
+        raise SystemExit(128 + err.signum) from None
+    print(json.dumps(result, ensure_ascii=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer train
+# ---------------------------------------------------------------------------------------------
+def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tokenizer", help="tokenizer tools (train a WordPiece vocabulary)")
+    tsub = p.add_subparsers(dest="tokenizer_command", required=True)
+    t = tsub.add_parser("train", help="learn a WordPiece vocabulary from a corpus",
+                        description="Learn a BERT WordPiece vocabulary ([PAD]=0 [UNK] [CLS] [SEP] "
+                        "[MASK], then the alphabet and learned pieces) and write vocab.txt, "
+                        "tokenizer.json and tokenizer_config.json to OUT.")
+    t.add_argument("--corpus", required=True, nargs="+", metavar="SOURCE",
+                   help="files, directories, globs or builtin:NAME (peoples-daily, zh-reviews, "
+                   "bbc-news, zh)")
+    t.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary")
+    t.add_argument("--out", required=True, help="directory for the tokenizer files")
+    t.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
+                   help="lowercase (and strip accents) before tokenizing (default: yes)")
+    t.add_argument("--min-frequency", type=int, default=2, help="least count of a learned piece")
+    t.add_argument("--format", choices=["auto", "lines", "paragraphs", "jsonl"], default="auto",
+                   help="corpus file format (auto: jsonl by suffix, else one sentence per line)")
+    t.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    t.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in OUT")
+    t.set_defaults(func=_run_tokenizer_train)
+
+
+def _run_tokenizer_train(args: argparse.Namespace) -> None:
+    from bertkit.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(args.corpus, args.vocab_size, args.out, lowercase=args.lowercase,
+                                min_frequency=args.min_frequency, overwrite=args.overwrite,
+                                corpus_format=args.format, text_field=args.text_field,
+                                show_progress=True)
+    print(f"{args.out}: {tokenizer.vocab_size} tokens, fingerprint {tokenizer.fingerprint()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare
+# ---------------------------------------------------------------------------------------------
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="tokenize a corpus into pre-training shards (DATA_DIR)",
+                       description="Tokenize a corpus once and write pre-training instances "
+                       "(NSP pairs, or packed sentences with --no-nsp) as memory-mapped shards, "
+                       "with meta.json and a copy of the tokenizer, for `bertkit pretrain`.")
+    p.add_argument("--corpus", required=True, nargs="+", metavar="SOURCE",
+                   help="files, directories, globs or builtin:NAME")
+    p.add_argument("--tokenizer", required=True, help="tokenizer or model directory")
+    p.add_argument("--out", required=True, help="DATA_DIR to create")
+    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance (128)")
+    p.add_argument("--no-nsp", action="store_false", dest="nsp",
+                   help="no next-sentence pairs: pack full sentences across documents (RoBERTa)")
+    p.add_argument("--short-seq-prob", type=float, default=0.1,
+                   help="share of NSP chunks aiming at a random shorter length (0.1)")
+    p.add_argument("--whole-word-mask", action="store_true",
+                   help="mask whole words (WordPiece ## groups; jieba words for Chinese)")
+    p.add_argument("--static-masking", action="store_true",
+                   help="fix the masks now (default: new masks every epoch)")
+    p.add_argument("--dupe-factor", type=int, default=1,
+                   help="passes over the corpus with different pairs / static masks (1)")
+    p.add_argument("--mlm-probability", type=float, default=0.15,
+                   help="share of tokens predicted, for static masks (0.15)")
+    p.add_argument("--max-predictions", type=int, default=None, dest="max_predictions_per_seq",
+                   help="cap on predictions per sequence (default round(max_seq_len × rate))")
+    p.add_argument("--eval-fraction", type=float, default=0.01,
+                   help="share of documents held out for evaluation (0.01)")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="processes for Chinese word segmentation (default: all cores)")
+    p.add_argument("--format", choices=["auto", "lines", "paragraphs", "jsonl"], default="auto",
+                   help="corpus file format (auto: jsonl by suffix, else one sentence per line)")
+    p.add_argument("--text-field", default="text", help="JSONL field holding the text")
+    p.add_argument("--overwrite", action="store_true", help="replace data already in DATA_DIR")
+    p.set_defaults(func=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> None:
+    from bertkit.data.shards import prepare
+
+    stats = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len,
+                    nsp=args.nsp, short_seq_prob=args.short_seq_prob,
+                    whole_word_mask=args.whole_word_mask, static_masking=args.static_masking,
+                    dupe_factor=args.dupe_factor, mlm_probability=args.mlm_probability,
+                    max_predictions_per_seq=args.max_predictions_per_seq,
+                    eval_fraction=args.eval_fraction, seed=args.seed, workers=args.workers,
+                    overwrite=args.overwrite, corpus_format=args.format,
+                    text_field=args.text_field)
+    print(stats.summary())
+
+
+# ---------------------------------------------------------------------------------------------
+# mask-demo
+# ---------------------------------------------------------------------------------------------
+def _add_mask_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mask-demo", help="show how pre-training masks a text",
+                       description="Mask one text as pre-training does and show, per selected "
+                       "position, whether it became [MASK], a random token or stayed unchanged. "
+                       "Without --tokenizer: text with CJK characters uses a vocabulary of its own "
+                       "characters/words, other text the all-MiniLM-L6-v2 vocabulary.")
+    p.add_argument("text")
+    p.add_argument("--tokenizer", default=None, help="tokenizer or model directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--whole-word-mask", action="store_true",
+                   help="mask whole words (WordPiece ## groups; jieba words for Chinese)")
+    p.add_argument("--mlm-probability", type=float, default=0.15, help="share selected (0.15)")
+    p.set_defaults(func=_run_mask_demo)
+
+
+def _run_mask_demo(args: argparse.Namespace) -> None:
+    from bertkit.data.masking import mask_demo
+
+    print(mask_demo(args.text, args.tokenizer, seed=args.seed,
+                    whole_word_mask=args.whole_word_mask,
+                    mlm_probability=args.mlm_probability).format())
+
+
+# ---------------------------------------------------------------------------------------------
+# finetune
+# ---------------------------------------------------------------------------------------------
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a BERT on classify / pair / ner / qa data",
+                       description="Fine-tune a model directory (or a preset, randomly initialised, "
+                       "with --tokenizer) on a task. Options left out take the defaults of "
+                       "bertkit.train.finetune.FinetuneConfig. OUT is a Hugging Face model directory "
+                       "with finetune_config.json, metrics.jsonl and eval.json; the best epoch is "
+                       "saved as soon as it is scored.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa"])
+    p.add_argument("--model", required=True, help="model directory, or preset (tiny … large) for random init")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--train", help="training file (CSV/TSV/JSONL; CoNLL/JSONL for ner; SQuAD JSON "
+                      "for qa) or builtin:NAME[:SPLIT]")
+    data.add_argument("--dataset", help="built-in set (zh-sentiment, zh-ner, en-news): trains on its "
+                      "train split, picks epochs on dev, scores the best model on test")
+    p.add_argument("--eval", help="evaluation file, scored after every epoch")
+    p.add_argument("--test", help="test file, scored once with the best model")
+    p.add_argument("--out", required=True, dest="out_dir", help="output model directory")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
+    p.add_argument("--epochs", type=int, help="passes over the training data (3)")
+    p.add_argument("--batch-size", type=int, help="examples per step (32)")
+    p.add_argument("--lr", type=float, help="peak learning rate (3e-5; 2e-5…5e-5 usual)")
+    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
+    p.add_argument("--warmup-ratio", type=float, help="share of steps warming up (0.1)")
+    p.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
+    p.add_argument("--freeze-encoder", action="store_true", help="train the task head only")
+    p.add_argument("--patience", type=int, help="stop after N epochs without a better eval score")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-length", type=int, help="pieces per window (128; qa 384)")
+    p.add_argument("--doc-stride", type=int, help="pieces between window starts (half a window; qa 128)")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
+    p.add_argument("--text-column", help="classify/pair: text column or JSONL key (text)")
+    p.add_argument("--pair-column", help="pair: second text column (text_pair)")
+    p.add_argument("--label-column", help="classify/pair: label column (label)")
+    p.add_argument("--problem-type", choices=["regression", "single_label_classification"],
+                   help="default: regression when a label is a non-integer number")
+    p.add_argument("--tokens-key", help="ner JSONL key of the words (tokens)")
+    p.add_argument("--tags-key", help="ner JSONL key of the tags (tags)")
+    p.add_argument("--ner-invalid", choices=["skip", "repair"],
+                   help="sentences with broken BIO/BIOES: skip them (default) or read as conlleval")
+    p.add_argument("--max-query-length", type=int, help="qa: question pieces kept (64)")
+    p.add_argument("--max-answer-length", type=int, help="qa: longest answer in pieces (30)")
+    p.add_argument("--n-best", type=int, help="qa: candidate starts/ends per window (20)")
+    p.add_argument("--null-score-diff-threshold", type=float,
+                   help="qa v2: answer '' when null score - best span score exceeds this (0.0)")
+    p.add_argument("--version-2-with-negative", action="store_true",
+                   help="qa: allow 'no answer' even if the training file is v1.1")
+    p.add_argument("--eval-batch-size", type=int, help="windows per evaluation batch (64)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true", help="replace the results in an existing OUT")
+    p.set_defaults(func=_run_finetune)
+
+
+def _run_finetune(args: argparse.Namespace) -> None:
+    import logging
+
+    from bertkit.train.finetune import FinetuneConfig, run_finetune
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
+    if "dataset" in vars(args):
+        settings["train"] = f"builtin:{args.dataset}"
+    print(json.dumps(run_finetune(FinetuneConfig(**settings)), ensure_ascii=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# predict
+# ---------------------------------------------------------------------------------------------
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="run a fine-tuned model over a file (one JSON line per input)",
+                       description="Predict with a directory made by `finetune` (task, lengths and "
+                       "columns come from its finetune_config.json) or any fine-tuned BERT (--task). "
+                       "Inputs: classify/pair CSV/TSV/JSONL or .txt (a text a line); ner CoNLL/JSONL "
+                       "words or .txt raw text (entities with character offsets); qa SQuAD JSON.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--model", required=True, dest="model_dir", help="fine-tuned model directory")
+    p.add_argument("--input", required=True, dest="input_file")
+    p.add_argument("--out", required=True, dest="out_file", help="JSONL predictions")
+    p.add_argument("--task", choices=["classify", "pair", "ner", "qa"])
+    p.add_argument("--batch-size", type=int, help="windows per batch (64)")
+    p.add_argument("--max-length", type=int)
+    p.add_argument("--doc-stride", type=int)
+    p.add_argument("--text-column")
+    p.add_argument("--pair-column")
+    p.add_argument("--tokens-key")
+    p.add_argument("--null-score-diff-threshold", type=float)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-progress", action="store_false", dest="progress")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_predict)
+
+
+def _run_predict(args: argparse.Namespace) -> None:
+    from bertkit.train.finetune import predict
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    print(json.dumps(predict(**settings), ensure_ascii=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets
+# ---------------------------------------------------------------------------------------------
+def _add_datasets(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("datasets", help="list the built-in labelled sets, or write one out as files",
+                       description="Without arguments: list the built-in sets and their split sizes. "
+                       "With NAME and --out: write NAME.{train,dev,test}.jsonl (classification) or "
+                       ".conll (NER) into the directory, in the formats `finetune` reads.")
+    p.add_argument("name", nargs="?", help="set to write (zh-sentiment, zh-ner, en-news)")
+    p.add_argument("--out", help="directory for the files")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_datasets)
+
+
+def _run_datasets(args: argparse.Namespace) -> None:
+    from bertkit.data import labelled
+
+    if args.name is None:
+        for name, info in labelled.LABELLED_SETS.items():
+            sizes = ", ".join(f"{s} {len(labelled.load_labelled(name, s))}" for s in labelled.SPLITS)
+            print(f"{name:14} {info.task:9} {info.description} ({sizes})")
+        return
+    if not args.out:
+        raise ValueError("writing a data set needs --out DIR")
+    for split, path in labelled.write_labelled(args.name, args.out, overwrite=args.overwrite).items():
+        print(f"{split}: {path}")
+
+
+COMMANDS = [_add_info, _add_fill_mask, _add_embed, _add_pretrain, _add_plot, _add_quickstart,
+            _add_tokenizer, _add_prepare, _add_mask_demo, _add_finetune, _add_predict, _add_datasets]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertkit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="bertkit", description="BERT end to end: pre-train, fine-tune and use encoder models "
+        "(Hugging Face checkpoint format).")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(sub)

@@ -1,0 +1,276 @@
+"""Run-directory checkpoints: written atomically, pruned to the last K, resumed exactly.
+
+Layout of a run directory:
+
+    RUN_DIR/
+      pretrain_config.json        every setting of the run
+      metrics.jsonl               one JSON line per logged step / eval
+      checkpoints/step-N/         Hugging Face model dir + tokenizer files + trainer_state.pt
+      model/                      the newest good model (same files, no trainer state)
+
+A checkpoint is first written to `checkpoints/.tmp-step-N` and renamed to `step-N` only when every
+file is on disk, so any `step-N` that exists is complete: a kill at any moment leaves at worst a
+`.tmp-*` directory, which the next run removes. `trainer_state.pt` holds only tensors and plain
+Python values, so it loads with `torch.load(weights_only=True)` and can never run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertkit.fileio import atomic_path, atomic_write_text
+
+CHECKPOINTS = "checkpoints"
+MODEL = "model"
+TRAINER_STATE = "trainer_state.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+# ------------------------------------------------------------------------------------ RNG state
+def capture_rng_state() -> dict[str, Any]:
+    """The generators a training step may draw from (dropout uses torch's), as plain values."""
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {"bit_generator": np_state["bit_generator"],
+                  "key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"]),
+                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state({"bit_generator": np_state["bit_generator"],
+                         "state": {"key": np.array(np_state["key"], dtype=np.uint32),
+                                   "pos": np_state["pos"]},
+                         "has_gauss": np_state["has_gauss"], "gauss": np_state["gauss"]})
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- finding checkpoints
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (step, path), oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def remove_partial_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete `.tmp-*` leftovers of a run killed while saving; returns what was removed."""
+    removed = []
+    for parent in (Path(run_dir) / CHECKPOINTS, Path(run_dir)):
+        if parent.is_dir():
+            for child in parent.iterdir():
+                if child.name.startswith(".tmp-") and child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(child)
+    return removed
+
+
+# ------------------------------------------------------------------------------------- saving
+def model_is_finite(model: nn.Module) -> bool:
+    """False if any parameter holds NaN or ±inf (such a model must never replace a good one)."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _fsync_tree(directory: Path) -> None:
+    # Renaming only guarantees atomicity; fsync makes the content survive a power loss too.
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a directory; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module,
+                    tokenizer_dir: str | os.PathLike, trainer_state: dict[str, Any],
+                    keep: int) -> Path:
+    """Write `checkpoints/step-<step>` atomically, refresh `model/`, keep the newest `keep`.
+
+    model: anything with `save_pretrained(dir)` (the unwrapped model, not the DDP wrapper).
+    tokenizer_dir: its files (vocab.txt, tokenizer.json, ...) are copied next to the weights, so the
+    checkpoint is a complete Hugging Face model directory.
+    trainer_state: tensors and plain values only (see module docstring).
+    Raises RuntimeError, saving nothing, if the model holds non-finite values.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    if not model_is_finite(model):
+        raise RuntimeError(f"refusing to save step {step}: the model has non-finite weights; "
+                           "the last good checkpoint is kept")
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    copy_tokenizer_files(tokenizer_dir, tmp)
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    _fsync_tree(tmp)
+    if final.exists():  # the same step saved again (e.g. end of run right after a periodic save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    publish_model(final, Path(run_dir) / MODEL)
+    for _, old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike) -> None:
+    """Copy every regular file of `tokenizer_dir` into `out_dir` (config.json excepted)."""
+    src = Path(tokenizer_dir)
+    if not src.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {src} does not exist")
+    for path in src.iterdir():
+        # The model's config.json is the one that describes the weights; never clobber it.
+        if path.is_file() and path.name != "config.json":
+            shutil.copy2(path, Path(out_dir) / path.name)
+
+
+def publish_model(checkpoint_dir: Path, model_dir: Path) -> None:
+    """Make `model_dir` a copy of the checkpoint's model files (trainer state left out).
+
+    Files are hard-linked where the filesystem allows (no extra disk, instant) and the directory is
+    swapped in by rename, so `model_dir` is always either the old complete model or the new one.
+    """
+    tmp = model_dir.parent / f".tmp-{model_dir.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for path in checkpoint_dir.iterdir():
+        if path.is_file() and path.name != TRAINER_STATE:
+            try:
+                os.link(path, tmp / path.name)
+            except OSError:
+                shutil.copy2(path, tmp / path.name)
+    old = model_dir.parent / f".tmp-old-{model_dir.name}"
+    if model_dir.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(model_dir, old)
+    os.replace(tmp, model_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_trainer_state(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
+    """The trainer state of a checkpoint, loaded with `weights_only=True`."""
+    path = Path(checkpoint_dir) / TRAINER_STATE
+    if not path.is_file():
+        raise FileNotFoundError(f"{checkpoint_dir} is not a complete checkpoint: {TRAINER_STATE} "
+                                "is missing")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ----------------------------------------------------------------------------- pre-flight checks
+def checkpoint_bytes(model: nn.Module) -> int:
+    """Rough size of one checkpoint: fp32 weights + AdamW's two moments, plus 10% slack."""
+    n = sum(p.numel() for p in model.parameters())
+    return int(n * 4 * 3 * 1.1)
+
+
+def check_output_dir(run_dir: str | os.PathLike, need_bytes: int) -> None:
+    """Fail before training if `run_dir` cannot be written or its disk lacks `need_bytes` free."""
+    run_dir = Path(run_dir)
+    probe_parent = run_dir
+    while not probe_parent.exists():
+        probe_parent = probe_parent.parent
+    if not probe_parent.is_dir():
+        raise NotADirectoryError(f"cannot create run directory {run_dir}: {probe_parent} is a file")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_path(run_dir / ".write-test") as tmp:
+            tmp.write_bytes(b"ok")
+        (run_dir / ".write-test").unlink()
+    except OSError as err:
+        raise ValueError(f"run directory {run_dir} is not writable ({err.strerror}); "
+                         "choose another --out") from None
+    free = shutil.disk_usage(run_dir).free
+    if free < need_bytes:
+        raise ValueError(f"only {free / 2**20:.0f} MiB free at {run_dir}, but checkpoints need about "
+                         f"{need_bytes / 2**20:.0f} MiB; free some space, lower --keep or choose "
+                         "another --out")
+
+
+# ------------------------------------------------------------------------------- metrics log
+METRICS = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record of `RUN_DIR/metrics.jsonl`, in file order (a torn last line is skipped)."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        raise FileNotFoundError(f"no {METRICS} in {run_dir}; is it a pre-training run directory?")
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves at most one partial line
+    return records
+
+
+class MetricsLog:
+    """Appends one JSON object per line to `RUN_DIR/metrics.jsonl`, flushed at once.
+
+    On resume from step N, `truncate_after(N)` first drops lines that a killed run wrote after its
+    last checkpoint, so the file holds every step exactly once.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / METRICS
+
+    def truncate_after(self, step: int) -> None:
+        if not self.path.is_file():
+            return
+        kept = [r for r in read_metrics(self.path.parent) if r.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")

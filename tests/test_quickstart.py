@@ -1,0 +1,117 @@
+"""The demo, scaled down (200 People's Daily documents, a tiny model, 30 steps): every stage runs,
+the report has its parts, the result line is JSON, and a second run reuses the first."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from bertkit import quickstart as qs
+from bertkit.train import state
+from pretrain_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(steps=30, model="tiny", max_seq_len=64, batch_size=16, max_documents=200,
+             eval_fraction=0.1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart") / "run"
+    lines: list[str] = []
+    result = qs.quickstart(qs.QuickstartConfig(out=str(out), **SMALL), log=lines.append)
+    return out, result, "\n".join(lines)
+
+
+def test_result_and_files(demo):
+    out, result, _ = demo
+    assert set(result) == {"run_dir", "steps", "tokens_seen", "heldout_mlm_accuracy",
+                           "unigram_baseline_accuracy"}
+    assert result["run_dir"] == str(out) and result["steps"] == 30 and result["tokens_seen"] > 0
+    assert 0.0 <= result["heldout_mlm_accuracy"] <= 1.0
+    assert 0.0 < result["unigram_baseline_accuracy"] < 0.2  # one token, many positions
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json"):
+        assert (out / "model" / name).is_file()
+    assert (out / "tokenizer" / "vocab.txt").is_file() and (out / "data" / "meta.json").is_file()
+    assert [s for s, _ in state.list_checkpoints(out)] == [30]  # keep=1
+    assert json.loads((out / qs.MARKER).read_text())["settings"]["steps"] == 30
+
+
+def test_report_shows_baseline_fill_mask_and_next_steps(demo):
+    out, result, report = demo
+    assert f"unigram baseline (always '，'): {result['unigram_baseline_accuracy']:.3f}" in report
+    candidates = re.findall(r"^    (?:answer \S+:  )?(.+)$", report, flags=re.M)
+    # 3 held-out sentences and 3 pairs of contexts, each with 5 candidates, best first.
+    assert len(candidates) == 3 + 2 * len(qs.LANGUAGES["zh"].pairs)
+    for line in candidates:
+        probs = [float(p) for p in re.findall(r" (\d\.\d\d)(?=\s|$)", line)]
+        assert len(probs) == 5 and probs == sorted(probs, reverse=True), line
+    assert report.count("[MASK]") >= 9
+    assert f"bertkit finetune --task ner --model {out / 'model'} --dataset zh-ner" in report
+
+
+def test_heldout_examples_mask_a_real_character(demo):
+    from bertkit.data.shards import PretrainingData
+    from bertkit.tokenizer import BertTokenizer
+
+    out, _, _ = demo
+    examples = qs.heldout_examples(PretrainingData(out / "data", "eval"),
+                                   BertTokenizer.from_pretrained(out / "model"),
+                                   qs.LANGUAGES["zh"], n=3, seed=1)
+    assert len(examples) == 3
+    for text, answer in examples:
+        assert text.count("[MASK]") == 1 and " " not in text
+        assert len(answer) == 1 and answer.isalpha()
+
+
+def test_unigram_baseline_counts_the_training_split(demo):
+    from collections import Counter
+
+    from bertkit.data.shards import PretrainingData
+
+    out, _, _ = demo
+    data = PretrainingData(out / "data", "train")
+    counts = Counter()
+    for i in range(data.num_instances):
+        counts.update(data.instance(i)[0].input_ids.tolist())
+    for special in data.meta["special_ids"]:
+        counts.pop(special, None)
+    assert qs.most_frequent_token(data) == counts.most_common(1)[0][0]
+
+
+def test_second_run_reuses_the_first(demo):
+    out, result, _ = demo
+    lines: list[str] = []
+    again = qs.quickstart(qs.QuickstartConfig(out=str(out), **SMALL), log=lines.append)
+    assert "reusing the vocabulary and data" in "\n".join(lines)
+    assert again == result
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        qs.quickstart(qs.QuickstartConfig(out=str(out), **{**SMALL, "lr": 5e-4}), log=lines.append)
+
+
+def test_cli_prints_one_json_object_last(tmp_path, capsys, monkeypatch):
+    from bertkit.cli import main
+
+    # The command's defaults are the full demo; scale them down through the config class.
+    small = dataclasses.make_dataclass("Small", [(k, type(v), dataclasses.field(default=v))
+                                                 for k, v in SMALL.items() if k != "steps"],
+                                       bases=(qs.QuickstartConfig,))
+    monkeypatch.setattr(qs, "QuickstartConfig", small)
+    assert main(["quickstart", "--out", str(tmp_path / "cli"), "--steps", "4"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads(last)
+    assert result["steps"] == 4 and result["run_dir"] == str(tmp_path / "cli")
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="unknown language 'fr'"):
+        qs.quickstart(qs.QuickstartConfig(lang="fr", out=str(tmp_path / "x")))
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="already holds another run"):
+        qs.quickstart(qs.QuickstartConfig(out=str(tmp_path / "busy"), **SMALL))
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
