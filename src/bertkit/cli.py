@@ -214,6 +214,16 @@ def _run_quickstart(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 # tokenizer train
 # ---------------------------------------------------------------------------------------------
+def _add_corpus_arguments(p: argparse.ArgumentParser) -> None:
+    """--corpus / --format / --text-field, shared by the commands that read raw text."""
+    p.add_argument("--corpus", required=True, nargs="+", metavar="SOURCE",
+                   help="files, directories, globs or builtin:NAME (peoples-daily, zh-reviews, "
+                   "bbc-news, zh)")
+    p.add_argument("--format", choices=["auto", "lines", "paragraphs", "jsonl"], default="auto",
+                   help="corpus file format (auto: jsonl by suffix, else one sentence per line)")
+    p.add_argument("--text-field", default="text", help="JSONL field holding the text")
+
+
 def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tokenizer", help="tokenizer tools (train a WordPiece vocabulary)")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True)
@@ -221,17 +231,12 @@ def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
                         description="Learn a BERT WordPiece vocabulary ([PAD]=0 [UNK] [CLS] [SEP] "
                         "[MASK], then the alphabet and learned pieces) and write vocab.txt, "
                         "tokenizer.json and tokenizer_config.json to OUT.")
-    t.add_argument("--corpus", required=True, nargs="+", metavar="SOURCE",
-                   help="files, directories, globs or builtin:NAME (peoples-daily, zh-reviews, "
-                   "bbc-news, zh)")
+    _add_corpus_arguments(t)
     t.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary")
     t.add_argument("--out", required=True, help="directory for the tokenizer files")
     t.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
                    help="lowercase (and strip accents) before tokenizing (default: yes)")
     t.add_argument("--min-frequency", type=int, default=2, help="least count of a learned piece")
-    t.add_argument("--format", choices=["auto", "lines", "paragraphs", "jsonl"], default="auto",
-                   help="corpus file format (auto: jsonl by suffix, else one sentence per line)")
-    t.add_argument("--text-field", default="text", help="JSONL field holding the text")
     t.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in OUT")
     t.set_defaults(func=_run_tokenizer_train)
 
@@ -254,8 +259,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                        description="Tokenize a corpus once and write pre-training instances "
                        "(NSP pairs, or packed sentences with --no-nsp) as memory-mapped shards, "
                        "with meta.json and a copy of the tokenizer, for `bertkit pretrain`.")
-    p.add_argument("--corpus", required=True, nargs="+", metavar="SOURCE",
-                   help="files, directories, globs or builtin:NAME")
+    _add_corpus_arguments(p)
     p.add_argument("--tokenizer", required=True, help="tokenizer or model directory")
     p.add_argument("--out", required=True, help="DATA_DIR to create")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance (128)")
@@ -278,9 +282,6 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="processes for Chinese word segmentation (default: all cores)")
-    p.add_argument("--format", choices=["auto", "lines", "paragraphs", "jsonl"], default="auto",
-                   help="corpus file format (auto: jsonl by suffix, else one sentence per line)")
-    p.add_argument("--text-field", default="text", help="JSONL field holding the text")
     p.add_argument("--overwrite", action="store_true", help="replace data already in DATA_DIR")
     p.set_defaults(func=_run_prepare)
 
