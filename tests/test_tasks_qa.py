@@ -7,14 +7,7 @@ import json
 import pytest
 import torch
 
-from bertkit.data.tasks.common import WordPieces
 from bertkit.data.tasks.qa import QAExample, QASettings, decode_answers, qa_features, read_squad
-from bertkit.tokenizer import BertTokenizer
-
-
-@pytest.fixture(scope="module")
-def pieces(minilm_dir) -> WordPieces:
-    return WordPieces.of(BertTokenizer.from_pretrained(minilm_dir))
 
 
 def squad_file(path, qas, context, version="1.1"):
