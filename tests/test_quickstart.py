@@ -41,6 +41,19 @@ def test_result_and_files(demo):
     assert json.loads((out / qs.MARKER).read_text())["settings"]["steps"] == 30
 
 
+def test_pretrains_mlm_only_without_dropout_and_saves_bert_dropout(demo):
+    from bertkit.config import BertConfig
+    from bertkit.data.shards import PretrainingData
+
+    out, _, _ = demo
+    assert not PretrainingData(out / "data", "train").nsp
+    trained = json.loads((out / "pretrain_config.json").read_text())["model_overrides"]
+    assert trained == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    saved = BertConfig.from_json(out / "model" / "config.json")
+    assert saved.hidden_dropout_prob == saved.attention_probs_dropout_prob == 0.1
+    assert saved.extra["architectures"] == ["BertForPreTraining"]
+
+
 def test_report_shows_baseline_fill_mask_and_next_steps(demo):
     out, result, report = demo
     assert f"unigram baseline (always '，'): {result['unigram_baseline_accuracy']:.3f}" in report

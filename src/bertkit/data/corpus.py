@@ -24,7 +24,6 @@ counted in `Corpus.stats`, and logged as warnings. A corpus with nothing usable 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from collections import Counter
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from bertkit.data.report import MAX_MESSAGES, DataReport
+from bertkit.data.report import MAX_MESSAGES, DataReport, json_lines
 
 FORMATS = ("auto", "lines", "paragraphs", "jsonl")
 _JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
@@ -347,14 +346,10 @@ def _text_lines(path: Path, stats: CorpusStats, max_line_chars: int) -> Iterator
 def _jsonl_documents(path: Path, lines: Iterable[tuple[int, str]], stats: CorpusStats,
                      text_field: str) -> list[list[str]]:
     documents = []
-    for line_no, line in lines:
-        if not line.strip():
-            continue
+    for line_no, row, error in json_lines(lines):
         where = f"{path}:{line_no}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            stats.skip(where, "invalid JSON", err.msg)
+        if error:
+            stats.skip(where, "invalid JSON", error)
             continue
         value = row.get(text_field) if isinstance(row, dict) else None
         if isinstance(value, str):

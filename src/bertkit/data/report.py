@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -15,6 +17,21 @@ IGNORE_INDEX = -100  # label value the losses skip
 
 # How many bad-row messages a report keeps verbatim; all are counted.
 MAX_MESSAGES = 20
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Lines
+# ---------------------------------------------------------------------------------------------
+def json_lines(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[int, Any, str | None]]:
+    """(line number, value, None) for each non-blank line that parses as JSON, or (line number,
+    None, what is wrong) for one that does not; blank lines are skipped silently."""
+    for line_no, line in lines:
+        if not line.strip():
+            continue
+        try:
+            yield line_no, json.loads(line), None
+        except json.JSONDecodeError as err:
+            yield line_no, None, err.msg
 
 
 # ---------------------------------------------------------------------------------------------

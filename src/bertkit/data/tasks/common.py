@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from bertkit.data.report import IGNORE_INDEX, DataReport
+from bertkit.data.report import IGNORE_INDEX, DataReport, json_lines
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +65,9 @@ def read_rows(path: str | os.PathLike, report: DataReport) -> Iterator[tuple[int
     kind = row_format(path)
     with open(path, encoding="utf-8", newline="") as f:
         if kind == "jsonl":
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    report.skip(f"{path}:{line_no}", f"not valid JSON ({err.msg})")
+            for line_no, row, error in json_lines(enumerate(f, start=1)):
+                if error:
+                    report.skip(f"{path}:{line_no}", f"not valid JSON ({error})")
                     continue
                 if not isinstance(row, dict):
                     report.skip(f"{path}:{line_no}", f"expected a JSON object, got {type(row).__name__}")

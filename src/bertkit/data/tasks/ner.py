@@ -19,7 +19,6 @@ BERT's SQuAD code uses for answer starts (`max_context_owner`).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from bertkit.data.report import json_lines
 from bertkit.data.tasks.common import (IGNORE_INDEX, DataReport, WordPieces, known_label_order,
                                        max_context_owner, window_spans)
 from bertkit.metrics import get_entities, split_tag
@@ -207,14 +207,10 @@ def _read_conll(path: Path, labelled: bool):
 
 def _read_jsonl(path: Path, labelled: bool, tokens_key: str, tags_key: str):
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+        for line_no, row, error in json_lines(enumerate(f, start=1)):
             where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                yield where, f"not valid JSON ({err.msg})"
+            if error:
+                yield where, f"not valid JSON ({error})"
                 continue
             words = row.get(tokens_key) if isinstance(row, dict) else None
             tags = row.get(tags_key) if isinstance(row, dict) else None
