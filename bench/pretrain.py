@@ -4,8 +4,8 @@ Both train the same architecture (mini, then base) on the same prepared instance
 corpus, in the same order, with the same batch size, sequence length (128), optimizer (AdamW,
 fused, no decay on biases/LayerNorm, linear warmup/decay) and gradient clipping:
 
-- ours: `bertkit.train.pretrain.pretrain`, as `bertkit pretrain` runs it (DataLoader worker, bf16
-  autocast where the CPU has native bf16, sparse MLM decoder, padding removed);
+- ours: `bertkit.train.pretrain.pretrain`, as `bertkit pretrain` runs it (a DataLoader worker when
+  a core is free, bf16 autocast where the CPU has native bf16, sparse MLM decoder, padding removed);
 - peer: `transformers.BertForPreTraining` (sdpa attention) fed by its
   `DataCollatorForLanguageModeling` (dynamic 80/10/10 masking, padding to the longest) with NSP
   labels from the same instances, in fp32 as it runs by default, and again under bf16 autocast.
@@ -17,6 +17,7 @@ sequences, and last the speedup. Timing skips the first steps (warm-up); only st
 
     python bench/pretrain.py                       # mini (60 steps) and base (6 steps)
     python bench/pretrain.py --models mini --steps-mini 30 --threads 1
+    python bench/pretrain.py --models mini --num-workers 1   # with a DataLoader worker process
 
 The corpus is BBC News with the 30,522-token uncased WordPiece vocabulary of bert-base-uncased
 (shipped in the all-MiniLM-L6-v2 package): the standard BERT setting, prepared once into
@@ -96,7 +97,7 @@ def batch_shapes(data: PretrainingData, batch_size: int, steps: int) -> list[tup
 # The two trainers
 # ---------------------------------------------------------------------------------------------
 def run_ours(data_dir: Path, config: BertConfig, steps: int, batch_size: int, precision: str,
-             warmup: int) -> dict:
+             warmup: int, num_workers: int | None) -> dict:
     """bertkit's own loop; per-step times and losses come from its metrics.jsonl."""
     work = Path(tempfile.mkdtemp(prefix="bench-ours-"))
     config_path = work / "config.json"
@@ -105,7 +106,8 @@ def run_ours(data_dir: Path, config: BertConfig, steps: int, batch_size: int, pr
         pretrain(PretrainConfig(data=str(data_dir), out=str(work / "run"), model=str(config_path),
                                 max_steps=steps, batch_size=batch_size, lr=LR, seed=SEED,
                                 precision=precision, log_every=1, eval_every=10**9,
-                                save_every=10**9, keep=1, progress=False, num_workers=1))
+                                save_every=10**9, keep=1, progress=False,
+                                num_workers=num_workers))
         records = [r for r in read_metrics(work / "run") if r["split"] == "train"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -173,14 +175,14 @@ def mfu(run: dict, shapes: list, config: BertConfig, warmup: int, peak: float) -
 
 
 def bench_model(name: str, data: PretrainingData, steps: int, batch_size: int, peaks: dict,
-                bf16_peer_steps: int) -> dict:
+                bf16_peer_steps: int, num_workers: int | None = None) -> dict:
     warmup = 2 if steps > 4 else 1
     config = BertConfig.preset(name, vocab_size=data.vocab_size)
     precision = resolve_precision("auto", torch.device("cpu"))
     shapes = batch_shapes(data, batch_size, steps)
     print(f"\n=== {name}: {steps} steps of {batch_size} × ≤{SEQ_LEN} (vocab {data.vocab_size}), "
           f"first {warmup} untimed", flush=True)
-    ours = run_ours(data.data_dir, config, steps, batch_size, precision, warmup)
+    ours = run_ours(data.data_dir, config, steps, batch_size, precision, warmup, num_workers)
     print(f"ours ({precision}): {throughput(ours):,.0f} tokens/s", flush=True)
     peer = run_peer(data, config, steps, batch_size, bf16=False, warmup=warmup)
     print(f"peer (fp32): {throughput(peer):,.0f} tokens/s", flush=True)
@@ -216,6 +218,8 @@ def main() -> None:
     parser.add_argument("--steps-base", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--num-workers", type=int, default=None,
+                        help="our DataLoader workers (default: as `bertkit pretrain` chooses)")
     parser.add_argument("--corpus", default="builtin:bbc-news")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer dir (default: bert-base-uncased's vocabulary from the "
@@ -245,7 +249,8 @@ def main() -> None:
     for name in args.models.split(","):
         steps = args.steps_base if name in ("base", "large") else args.steps_mini
         bf16_steps = min(steps, 20)  # the bf16 peer is for honesty about speed: fewer steps do
-        results.append(bench_model(name, data, steps, args.batch_size, peaks, bf16_steps))
+        results.append(bench_model(name, data, steps, args.batch_size, peaks, bf16_steps,
+                                   args.num_workers))
     if args.json:
         Path(args.json).write_text(json.dumps({"peaks": peaks, "results": results}, indent=2))
     print()

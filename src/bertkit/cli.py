@@ -117,7 +117,9 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
                    help="auto = bf16 on CUDA and CPUs with native bf16, else fp32")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--num-workers", type=int, help="DataLoader worker processes (1)")
+    p.add_argument("--num-workers", type=int,
+                   help="DataLoader worker processes (default: 1 on CUDA or when a CPU core is "
+                        "left over by torch's threads, else 0)")
     p.add_argument("--seed", type=int)
     p.add_argument("--log-every", type=int, help="steps between metrics.jsonl lines (10)")
     p.add_argument("--eval-every", type=int, help="steps between held-out evaluations (10 × log)")
