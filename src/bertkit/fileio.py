@@ -1,16 +1,18 @@
 """Atomic file writes: a temp file in the target's directory, then a rename.
 
 A crash mid-write leaves either the old file or none, never a truncated one that later loads.
+`remove_outputs` deletes what a command wrote, and only that, when it is told to start over.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 @contextmanager
@@ -36,6 +38,16 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def remove_outputs(directory: str | os.PathLike, names: Iterable[str]) -> None:
+    """Delete the files or directories `names` inside `directory` where they exist; nothing else."""
+    for name in names:
+        path = Path(directory) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def _umask() -> int:

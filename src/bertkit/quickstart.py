@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bertkit.fileio import atomic_write_json
+from bertkit.fileio import atomic_write_json, remove_outputs
 
 MARKER = "quickstart.json"
 
@@ -126,12 +125,7 @@ def _claim_out_dir(config: QuickstartConfig) -> int | None:
         return None
     marker = out / MARKER
     if config.overwrite:
-        for name in (*RUN_OUTPUTS, "tokenizer", "data", MARKER):
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        remove_outputs(out, (*RUN_OUTPUTS, "tokenizer", "data", MARKER))
         return None
     if marker.is_file():
         saved = json.loads(marker.read_text(encoding="utf-8"))

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -41,7 +40,7 @@ from torch import nn
 from bertkit.checkpoint import load_into, read_state_dict
 from bertkit.config import BertConfig
 from bertkit.data.shards import PretrainingBatches, PretrainingData
-from bertkit.fileio import atomic_write_json
+from bertkit.fileio import atomic_write_json, remove_outputs
 from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import distributed, optim, state
@@ -353,12 +352,7 @@ def prepare_run_dir(config: PretrainConfig) -> None:
     if not config.overwrite:
         raise FileExistsError(f"run directory {run_dir} already exists and is not empty; pass --resume "
                               "to continue it, --overwrite to start over, or choose another --out")
-    for name in RUN_OUTPUTS:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+    remove_outputs(run_dir, RUN_OUTPUTS)
     state.remove_partial_checkpoints(run_dir)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertkit.data.report import json_lines
 from bertkit.fileio import atomic_path, atomic_write_text
 
 CHECKPOINTS = "checkpoints"
@@ -244,15 +245,9 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS
     if not path.is_file():
         raise FileNotFoundError(f"no {METRICS} in {run_dir}; is it a pre-training run directory?")
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a run killed mid-write leaves at most one partial line
-    return records
+    lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+    # A run killed mid-write leaves at most one partial line: it is skipped.
+    return [record for _, record, error in json_lines(lines) if error is None]
 
 
 class MetricsLog:
