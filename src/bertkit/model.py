@@ -12,7 +12,10 @@ learned absolute positions); checkpoints convert to and from Hugging Face names 
   zeros — they carry no meaning in any implementation.
 - Sparse MLM prediction: given MLM labels, the vocabulary projection runs only at the positions
   whose label is not -100 (as the original TensorFlow code gathers masked positions); the logits
-  there equal those of the dense path.
+  there equal those of the dense path; their cross-entropy (`ops.sparse_cross_entropy`) reads
+  the bf16 logits in fp32 chunks instead of copying the whole (M, V) matrix to fp32.
+- Dropout on CPU (`ops.dropout`) draws its masks from 16-bit random lanes: the probability is
+  rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006). Training-time noise only; eval is unaffected.
 
 Dimension letters used in shape comments:
   B batch, T sequence length, H hidden size, nh heads, hs head size (H / nh), I FFN size,
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit import ops
 from bertkit.checkpoint import PretrainedMixin
 from bertkit.config import BertConfig
 
@@ -149,7 +153,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = ops.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         length = input_ids.shape[1]
@@ -174,7 +178,7 @@ class EncoderLayer(nn.Module):
         self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = ops.Dropout(config.hidden_dropout_prob)
         self.act = activation(config.hidden_act)
 
     def attention(self, qkv: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor | None) -> torch.Tensor:
@@ -182,9 +186,8 @@ class EncoderLayer(nn.Module):
         q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hs)
                    .permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
                    .unbind(0))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask,  # (B, 1, 1, T): padding keys hidden; no causal mask
-            dropout_p=self.attention_dropout if self.training else 0.0)  # (B, nh, T, hs)
+        y = ops.attention(q, k, v, key_mask,  # (B, 1, 1, T): padding keys hidden; no causal mask
+                          self.attention_dropout, self.training)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H)
 
     def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int) -> torch.Tensor:
@@ -280,7 +283,7 @@ def mlm_logits_and_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidde
     logits = head(hidden[selected], word_embeddings)  # (M, H) → (M, V)
     targets = labels[selected]  # (M,)
     # An empty selection gives a zero loss (not NaN) so a rare all-unmasked batch cannot poison a run.
-    loss = F.cross_entropy(logits.float(), targets) if len(targets) else logits.sum() * 0.0
+    loss = ops.sparse_cross_entropy(logits, targets) if len(targets) else logits.sum() * 0.0
     return logits, loss
 
 

@@ -1,0 +1,141 @@
+"""Training kernels that PyTorch's CPU defaults make slow, written with plain tensor ops.
+
+Profiling a `mini` pre-training step on 2 CPU cores (bf16 autocast) showed two costs that have
+nothing to do with the model's arithmetic:
+
+- Dropout masks. `torch.bernoulli_` draws one 32-bit random number per element and costs about as
+  much as all the attention matmuls; with attention dropout on, SDPA also leaves its fused CPU
+  kernel for the math path. `dropout` here draws 64 random bits and cuts them into four 16-bit
+  lanes, one per element (bernoulli_ 12 ms against about 3.5 ms for 2M elements, mask and multiply
+  included). CUDA keeps `F.dropout`, which is fused there.
+- The MLM cross-entropy over a (M, V) bf16 logit matrix: an fp32 copy, log-softmax, a zero-filled
+  one-hot gradient, the log-softmax backward and a copy back to bf16, each a full pass over
+  M × 30k values. `sparse_cross_entropy` reads the logits once forward and once backward, in
+  row chunks whose fp32 temporaries stay in cache, and writes the gradient in the logits' dtype.
+
+Both are exact in what they compute (up to float summation order); the dropout probability is
+rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) and the kept values are scaled by 1 / (1 - that).
+Random numbers come from torch's default generator, so seeds and saved RNG states still fix them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_LANE_BITS = 15  # random_() on int64 draws from [0, 2**63): the low 15 bits of every 16-bit lane are uniform
+_LANE_VALUES = 1 << _LANE_BITS
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device) -> tuple[torch.Tensor, float]:
+    """(bool mask of `shape`, True with probability 1 - p', p' = round(p · 2¹⁵) / 2¹⁵), and p'."""
+    threshold = round(p * _LANE_VALUES)
+    n = 1
+    for size in shape:
+        n *= size
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
+    lanes = words.view(torch.int16)[:n]
+    keep = lanes.bitwise_and(_LANE_VALUES - 1) >= threshold
+    return keep.view(shape), threshold / _LANE_VALUES
+
+
+class _MaskedScale(torch.autograd.Function):
+    """y = x · keep · scale, with the same mask in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout: zero each element with probability p, scale the rest by 1 / (1 - p)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, training=True)
+    keep, rounded = keep_mask(x.shape, p, x.device)
+    return _MaskedScale.apply(x, keep, 1.0 / (1.0 - rounded))
+
+
+class Dropout(nn.Module):
+    """`nn.Dropout` with the fast CPU mask of `dropout` (no parameters: checkpoints unchanged)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+              dropout_p: float, training: bool) -> torch.Tensor:
+    """softmax(q kᵀ / √hs + mask) v, with dropout on the probabilities while training.
+
+    q, k, v: (B, nh, T, hs); key_mask: (B, 1, 1, T) bool, True where a key may be attended, or None.
+    Without dropout this is `F.scaled_dot_product_attention` (fused kernels). With dropout on CPU
+    the probabilities are materialised, as SDPA's own math path does, but masked by `dropout`.
+    """
+    if not training or dropout_p == 0.0 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
+                                              dropout_p=dropout_p if training else 0.0)
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, nh, T, T)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+    probs = dropout(scores.softmax(-1), dropout_p, True)
+    return torch.matmul(probs, v)  # (B, nh, T, hs)
+
+
+class _SparseCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of (M, V) logits against (M,) targets; fp32 math, chunked over rows."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (M,)
+        for start in range(0, logits.shape[0], rows):
+            lse[start:start + rows] = torch.logsumexp(logits[start:start + rows].float(), dim=-1)
+        picked = logits.gather(1, targets[:, None]).squeeze(1).float()  # (M,)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.rows = rows
+        return (lse - picked).mean()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        scale = grad.float() / logits.shape[0]
+        out = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.rows):
+            stop = min(start + ctx.rows, logits.shape[0])
+            probs = (logits[start:stop].float() - lse[start:stop, None]).exp_()  # softmax rows (a new tensor)
+            probs[torch.arange(stop - start, device=probs.device), targets[start:stop]] -= 1.0
+            out[start:stop] = probs.mul_(scale)
+        return out, None, None
+
+
+def sparse_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`F.cross_entropy(logits.float(), targets)` for (M, V) logits without -100 targets.
+
+    Computes in fp32 whatever the logits' dtype (as autocast would) and returns the gradient in
+    the logits' dtype; about 1M values per chunk keep the fp32 temporaries in cache.
+    """
+    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(f"need (M, V) logits and (M,) targets, got {tuple(logits.shape)} and "
+                         f"{tuple(targets.shape)}")
+    rows = max(1, (1 << 20) // max(1, logits.shape[1]))
+    return _SparseCrossEntropy.apply(logits, targets, rows)
+
+
+__all__ = ["dropout", "Dropout", "attention", "sparse_cross_entropy", "keep_mask"]
