@@ -14,8 +14,9 @@ def test_sparse_cross_entropy_matches_torch_value_and_gradient(dtype):
     targets = torch.randint(0, 1000, (37,))
     ours_in = logits.clone().requires_grad_()
     ref_in = logits.clone().requires_grad_()
-    ours = ops.sparse_cross_entropy(ours_in, targets)
+    ours, predictions = ops.sparse_cross_entropy(ours_in, targets)
     ref = F.cross_entropy(ref_in.float(), targets)
+    assert torch.equal(predictions, logits.argmax(-1))
     (ours * 3).backward()
     (ref * 3).backward()
     assert ours.dtype == torch.float32
@@ -29,7 +30,7 @@ def test_sparse_cross_entropy_chunks_agree_with_one_chunk():
     torch.manual_seed(1)
     logits = torch.randn(300, 5000, requires_grad=True)  # 5000 columns → 209 rows per chunk
     targets = torch.randint(0, 5000, (300,))
-    ops.sparse_cross_entropy(logits, targets).backward()
+    ops.sparse_cross_entropy(logits, targets)[0].backward()
     grad, logits.grad = logits.grad, None
     F.cross_entropy(logits, targets).backward()
     torch.testing.assert_close(grad, logits.grad, rtol=1e-5, atol=1e-8)

@@ -66,6 +66,7 @@ class PreTrainingOutput:
     nsp_loss: torch.Tensor | None  # () mean cross-entropy over rows with an NSP label
     mlm_logits: torch.Tensor  # (M, V) at selected positions in row-major order, or (B, T, V)
     nsp_logits: torch.Tensor  # (B, 2): index 0 = IsNext, 1 = NotNext (the reference's order)
+    mlm_predictions: torch.Tensor | None = None  # (M,) argmax ids at selected positions (with mlm_labels)
 
 
 @dataclass
@@ -270,21 +271,25 @@ class MaskedLMHead(nn.Module):
 
 
 def mlm_logits_and_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidden: torch.Tensor,
-                        labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits (dense, or sparse at labelled positions) and the mean cross-entropy.
+                        labels: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Logits (dense, or sparse at labelled positions), the mean cross-entropy and the argmax ids.
 
     hidden: (B, T, H); labels: (B, T) long with -100 where no prediction is made, or None.
     Returns logits (M, V) for the M labelled positions in row-major order (aligned with
-    labels[labels != -100]) when labels are given, else (B, T, V); loss () or None.
+    labels[labels != -100]) when labels are given, else (B, T, V); loss () or None; predictions
+    (M,) = logits.argmax(-1), found in the loss's own pass, or None without labels.
     """
     if labels is None:
-        return head(hidden, word_embeddings), None  # (B, T, V)
+        return head(hidden, word_embeddings), None, None  # (B, T, V)
     selected = labels != IGNORE_INDEX  # (B, T) bool
     logits = head(hidden[selected], word_embeddings)  # (M, H) → (M, V)
     targets = labels[selected]  # (M,)
-    # An empty selection gives a zero loss (not NaN) so a rare all-unmasked batch cannot poison a run.
-    loss = ops.sparse_cross_entropy(logits, targets) if len(targets) else logits.sum() * 0.0
-    return logits, loss
+    if not len(targets):
+        # An empty selection gives a zero loss (not NaN) so a rare all-unmasked batch cannot poison a run.
+        return logits, logits.sum() * 0.0, targets.new_empty(0)
+    loss, predictions = ops.sparse_cross_entropy(logits, targets)
+    return logits, loss, predictions
 
 
 class BertForPreTraining(PretrainedMixin, nn.Module):
@@ -307,8 +312,8 @@ class BertForPreTraining(PretrainedMixin, nn.Module):
         nsp_labels: (B,) long, 0 = IsNext, 1 = NotNext, -100 = no NSP for that row (or None).
         """
         out = self.bert(input_ids, token_type_ids, attention_mask)
-        mlm_logits, mlm_loss = mlm_logits_and_loss(self.mlm, self.bert.embeddings.word_embeddings.weight,
-                                                   out.last_hidden_state, mlm_labels)
+        mlm_logits, mlm_loss, mlm_predictions = mlm_logits_and_loss(
+            self.mlm, self.bert.embeddings.word_embeddings.weight, out.last_hidden_state, mlm_labels)
         nsp_logits = self.nsp(out.pooler_output)  # (B, 2)
         nsp_loss = None
         if nsp_labels is not None and bool((nsp_labels != IGNORE_INDEX).any()):
@@ -316,7 +321,8 @@ class BertForPreTraining(PretrainedMixin, nn.Module):
         parts = [part for part in (mlm_loss, nsp_loss) if part is not None]
         loss = sum(parts) if parts else None
         return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
-                                 mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+                                 mlm_logits=mlm_logits, nsp_logits=nsp_logits,
+                                 mlm_predictions=mlm_predictions)
 
 
 class BertForMaskedLM(PretrainedMixin, nn.Module):
@@ -333,8 +339,8 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
         """labels: (B, T) long, -100 where no prediction is scored (or None for dense logits)."""
         out = self.bert(input_ids, token_type_ids, attention_mask)
-        logits, loss = mlm_logits_and_loss(self.mlm, self.bert.embeddings.word_embeddings.weight,
-                                                   out.last_hidden_state, labels)
+        logits, loss, _ = mlm_logits_and_loss(self.mlm, self.bert.embeddings.word_embeddings.weight,
+                                              out.last_hidden_state, labels)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 

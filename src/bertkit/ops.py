@@ -13,6 +13,9 @@ nothing to do with the model's arithmetic:
   M × 30k values. `sparse_cross_entropy` reads the logits once forward and once backward, in
   row chunks whose fp32 temporaries stay in cache, and writes the gradient in the logits' dtype.
 
+Together they make a `mini` training step 1.35–1.42× faster on 2 threads (bf16, batch 32 × 128),
+with the same losses: `bench/pretrain.py` gives the ratios against `transformers`.
+
 Both are exact in what they compute (up to float summation order); the dropout probability is
 rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) and the kept values are scaled by 1 / (1 - that).
 Random numbers come from torch's default generator, so seeds and saved RNG states still fix them.
@@ -28,15 +31,19 @@ _LANE_BITS = 15  # random_() on int64 draws from [0, 2**63): the low 15 bits of 
 _LANE_VALUES = 1 << _LANE_BITS
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device) -> tuple[torch.Tensor, float]:
-    """(bool mask of `shape`, True with probability 1 - p', p' = round(p · 2¹⁵) / 2¹⁵), and p'."""
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device,
+              dtype: torch.dtype = torch.bool) -> tuple[torch.Tensor, float]:
+    """(mask of `shape`: 1 with probability 1 - p', else 0, in `dtype`), and p' = round(p · 2¹⁵) / 2¹⁵.
+
+    A mask in the activations' dtype multiplies without a conversion pass (a bool one needs one).
+    """
     threshold = round(p * _LANE_VALUES)
     n = 1
     for size in shape:
         n *= size
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
-    lanes = words.view(torch.int16)[:n]
-    keep = lanes.bitwise_and(_LANE_VALUES - 1) >= threshold
+    lanes = words.view(torch.int16)[:n].bitwise_and_(_LANE_VALUES - 1)
+    keep = torch.ge(lanes, threshold, out=torch.empty(n, dtype=dtype, device=device))
     return keep.view(shape), threshold / _LANE_VALUES
 
 
@@ -61,7 +68,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, training=True)
-    keep, rounded = keep_mask(x.shape, p, x.device)
+    keep, rounded = keep_mask(x.shape, p, x.device, x.dtype)
     return _MaskedScale.apply(x, keep, 1.0 / (1.0 - rounded))
 
 
@@ -100,40 +107,54 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch
 
 
 class _SparseCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of (M, V) logits against (M,) targets; fp32 math, chunked over rows."""
+    """Mean cross-entropy of (M, V) logits against (M,) targets, and each row's argmax.
+
+    fp32 math, chunked over rows; the argmax comes from the same pass that finds each row's
+    maximum for the log-sum-exp, while the chunk is in cache.
+    """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int):
         lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (M,)
+        predictions = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # (M,)
         for start in range(0, logits.shape[0], rows):
-            lse[start:start + rows] = torch.logsumexp(logits[start:start + rows].float(), dim=-1)
+            chunk = logits[start:start + rows]
+            top, predictions[start:start + rows] = chunk.max(dim=-1)  # exact in any dtype
+            top = top.float()[:, None]
+            # bf16 - fp32 promotes to fp32 in the same pass: no separate fp32 copy of the chunk
+            lse[start:start + rows] = (chunk - top).exp_().sum(-1).log_().add_(top.squeeze(1))
         picked = logits.gather(1, targets[:, None]).squeeze(1).float()  # (M,)
         ctx.save_for_backward(logits, targets, lse)
         ctx.rows = rows
-        return (lse - picked).mean()
+        ctx.mark_non_differentiable(predictions)
+        return (lse - picked).mean(), predictions
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor, _predictions_grad: None):
         logits, targets, lse = ctx.saved_tensors
         scale = grad.float() / logits.shape[0]
         out = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.rows):
             stop = min(start + ctx.rows, logits.shape[0])
-            probs = (logits[start:stop].float() - lse[start:stop, None]).exp_()  # softmax rows (a new tensor)
+            probs = (logits[start:stop] - lse[start:stop, None]).exp_()  # fp32 softmax rows
             probs[torch.arange(stop - start, device=probs.device), targets[start:stop]] -= 1.0
             out[start:stop] = probs.mul_(scale)
         return out, None, None
 
 
-def sparse_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """`F.cross_entropy(logits.float(), targets)` for (M, V) logits without -100 targets.
+def sparse_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`F.cross_entropy(logits.float(), targets)`, `logits.argmax(-1)`) for (M, V) logits, M ≥ 1,
+    without -100 targets: the loss and the predicted ids (for accuracy, without another pass).
 
     Computes in fp32 whatever the logits' dtype (as autocast would) and returns the gradient in
-    the logits' dtype; about 1M values per chunk keep the fp32 temporaries in cache.
+    the logits' dtype; about 1M values per chunk keep the fp32 temporaries in cache. On CPU only:
+    elsewhere this is `F.cross_entropy`, whose kernels do not pay for the copies the same way.
     """
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"need (M, V) logits and (M,) targets, got {tuple(logits.shape)} and "
                          f"{tuple(targets.shape)}")
+    if logits.device.type != "cpu":  # GPUs run the plain ops as a few large kernels
+        return F.cross_entropy(logits.float(), targets), logits.detach().argmax(-1)
     rows = max(1, (1 << 20) // max(1, logits.shape[1]))
     return _SparseCrossEntropy.apply(logits, targets, rows)
 

@@ -278,11 +278,11 @@ _STATS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_corre
 
 
 def batch_stats(out, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor) -> torch.Tensor:
-    """(6,) float64 sums for one micro-batch: see `_STATS`. Needs sparse `out.mlm_logits` (M, V)."""
+    """(6,) float64 sums for one micro-batch: see `_STATS`. Needs `out.mlm_predictions` (M,)."""
     targets = mlm_labels[mlm_labels != IGNORE_INDEX]  # (M,)
     m = targets.numel()
     mlm_loss_sum = out.mlm_loss.detach().double() * m
-    mlm_correct = (out.mlm_logits.detach().argmax(-1) == targets).sum().double()  # (M, V) → ()
+    mlm_correct = (out.mlm_predictions == targets).sum().double()  # (M,) → ()
     has_nsp = nsp_labels != IGNORE_INDEX  # (B,)
     n = int(has_nsp.sum())
     if out.nsp_loss is not None and n:
