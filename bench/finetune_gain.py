@@ -18,7 +18,7 @@ labels), so the NER gain includes in-domain pre-training.
     python bench/finetune_gain.py DIR --sets en-news      # an English checkpoint: BBC topics
 
 Prints one line per run and the gains last; results also go to OUT/results.json (default
-runs/finetune_gain). With the quickstart's checkpoint both sets take about 7 minutes on 2 cores.
+runs/finetune_gain). With the quickstart's checkpoint both sets take about 5 minutes on 2 cores.
 """
 
 from __future__ import annotations
