@@ -19,6 +19,8 @@ with the same losses: `bench/pretrain.py` gives the ratios against `transformers
 Both are exact in what they compute (up to float summation order); the dropout probability is
 rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) and the kept values are scaled by 1 / (1 - that).
 Random numbers come from torch's default generator, so seeds and saved RNG states still fix them.
+The price: a dropout mask is kept for the backward pass in the activations' dtype (2 bytes per
+element under bf16, 4 in fp32) where `F.dropout` keeps 1 byte.
 """
 
 from __future__ import annotations
