@@ -25,6 +25,8 @@ element under bf16, 4 in fp32) where `F.dropout` keeps 1 byte.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,9 +42,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     A mask in the activations' dtype multiplies without a conversion pass (a bool one needs one).
     """
     threshold = round(p * _LANE_VALUES)
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
     lanes = words.view(torch.int16)[:n].bitwise_and_(_LANE_VALUES - 1)
     keep = torch.ge(lanes, threshold, out=torch.empty(n, dtype=dtype, device=device))

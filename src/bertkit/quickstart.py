@@ -231,7 +231,7 @@ def heldout_accuracy(model, data, train_data, *, seed: int, precision: str,
         selected = batch["mlm_labels"] != IGNORE_INDEX  # (B, T)
         answers = batch["mlm_labels"][selected]  # (M,)
         shown_mask = batch["input_ids"][selected] == mask_id  # (M,)
-        correct = out.mlm_logits.argmax(-1) == answers  # (M, V) → (M,)
+        correct = out.mlm_predictions == answers  # (M,): the argmax the loss pass found
         sums["loss"] += float(out.mlm_loss) * answers.numel()
         sums["hits"] += int(correct.sum())
         sums["positions"] += answers.numel()
