@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from bertkit import heads
+from bertkit.checkpoint import to_hf_state_dict
 from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
 
 TOL = 1e-5
@@ -72,6 +73,27 @@ def test_pretraining_heads_and_losses_match(tiny_config, padded_batch, tmp_path)
     assert (sparse.mlm_logits - dense.mlm_logits[selected]).abs().max() <= TOL
     assert abs(float(sparse.loss) - float(ref.loss)) <= TOL
     assert abs(float(sparse.mlm_loss + sparse.nsp_loss) - float(sparse.loss)) <= TOL
+
+
+def test_pretraining_gradients_match(tiny_config, padded_batch, tmp_path):
+    """Every parameter's gradient equals transformers' (dropout off), the tied word embeddings
+    included: ours adds the lookup's sparse rows into the decoder's dense gradient."""
+    torch.manual_seed(6)
+    ours = BertForPreTraining(tiny_config).eval()
+    hf = _hf_twin(ours, transformers.BertForPreTraining, tmp_path)
+    mlm_labels = padded_batch["input_ids"].masked_fill(padded_batch["attention_mask"] == 0, -100)
+    nsp_labels = torch.randint(0, 2, (13,), generator=torch.Generator().manual_seed(7))
+    ours(**padded_batch, mlm_labels=mlm_labels, nsp_labels=nsp_labels).loss.backward()
+    hf(**padded_batch, labels=mlm_labels, next_sentence_label=nsp_labels).loss.backward()
+    word_grad = ours.bert.embeddings.word_embeddings.weight.grad
+    assert word_grad.layout == torch.strided  # dense, as AdamW and clipping need
+    grads = to_hf_state_dict({name: p.grad for name, p in ours.named_parameters()})
+    reference = {name: p.grad for name, p in hf.named_parameters()}
+    assert "bert.embeddings.word_embeddings.weight" in reference
+    compared = sorted(set(grads) & set(reference))
+    assert len(compared) == len(reference), set(reference) - set(grads)
+    for name in compared:
+        assert (grads[name] - reference[name]).abs().max() <= TOL, name
 
 
 def test_pretraining_without_nsp_labels(tiny_config, padded_batch):
