@@ -155,17 +155,13 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
-        # Set by the MLM models for a forward that scores MLM labels, whose decoder reuses
-        # word_embeddings.weight: the lookup's gradient is then handed back as sparse rows, which
-        # autograd adds in place into the decoder's dense (V, H) gradient, instead of a zero-filled
-        # (V, H) tensor of its own that is then summed with it (base and mini on 2 CPU threads:
-        # steps 1-3% faster). Never on alone: a sparse .grad would break AdamW and clipping.
-        self.tied_decoder = False
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                sparse_word_grad: bool = False) -> torch.Tensor:
+        """sparse_word_grad: see `BertModel.forward`."""
         length = input_ids.shape[1]
         positions = torch.arange(length, device=input_ids.device)  # (T,)
-        sparse = (self.tied_decoder and input_ids.device.type == "cpu" and torch.is_grad_enabled()
+        sparse = (sparse_word_grad and input_ids.device.type == "cpu" and torch.is_grad_enabled()
                   and not torch.compiler.is_compiling())
         words = self.word_embeddings
         x = (F.embedding(input_ids, words.weight, words.padding_idx, sparse=sparse)  # (B, T, H)
@@ -239,10 +235,16 @@ class BertModel(PretrainedMixin, nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> BertOutput:
+                attention_mask: torch.Tensor | None = None, *, sparse_word_grad: bool = False) -> BertOutput:
         """
         input_ids: (B, T) long token ids; token_type_ids: (B, T) long segment ids (default 0);
         attention_mask: (B, T) 1 = token, 0 = padding (default all 1).
+        sparse_word_grad: for the MLM models, whose loss also uses word_embeddings.weight densely
+        (the tied decoder): the lookup's gradient is handed back as sparse rows, which autograd adds
+        in place into the decoder's dense (V, H) gradient, instead of a zero-filled (V, H) tensor of
+        its own that is then summed with it (base and mini on 2 CPU threads: steps 1-3% faster).
+        CPU only, not under torch.compile. Never without such a dense use: a sparse .grad would
+        break AdamW and clipping.
         """
         check_inputs(self.config, input_ids, token_type_ids, attention_mask)
         batch, length = input_ids.shape
@@ -250,7 +252,7 @@ class BertModel(PretrainedMixin, nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         padding = Padding.from_mask(attention_mask) if attention_mask is not None else None
 
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids, sparse_word_grad)  # (B, T, H)
         x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, H)
         for layer in self.layers:
             x = layer(x, padding, batch, length)  # (N, H)
@@ -320,8 +322,7 @@ class BertForPreTraining(PretrainedMixin, nn.Module):
         mlm_labels: (B, T) long, original ids at selected positions, -100 elsewhere (or None);
         nsp_labels: (B,) long, 0 = IsNext, 1 = NotNext, -100 = no NSP for that row (or None).
         """
-        self.bert.embeddings.tied_decoder = mlm_labels is not None
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, sparse_word_grad=mlm_labels is not None)
         mlm_logits, mlm_loss, mlm_predictions = mlm_logits_and_loss(
             self.mlm, self.bert.embeddings.word_embeddings.weight, out.last_hidden_state, mlm_labels)
         nsp_logits = self.nsp(out.pooler_output)  # (B, 2)
@@ -348,8 +349,7 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
         """labels: (B, T) long, -100 where no prediction is scored (or None for dense logits)."""
-        self.bert.embeddings.tied_decoder = labels is not None
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, sparse_word_grad=labels is not None)
         logits, loss, _ = mlm_logits_and_loss(self.mlm, self.bert.embeddings.word_embeddings.weight,
                                               out.last_hidden_state, labels)
         return MaskedLMOutput(loss=loss, logits=logits)
