@@ -47,8 +47,7 @@ from bertkit.train.state import read_metrics
 
 SEQ_LEN = 128
 LR = 1e-4
-SEED = 0  # training seed (init, data order, masks); --seed changes it
-PREPARE_SEED = 0  # the prepared data stay the same whatever --seed
+PREPARE_SEED = 0  # the prepared data stay the same whatever the training --seed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,9 +84,10 @@ def step_flops(config: BertConfig, lengths: list[int], selected: int) -> float:
     return 3 * (layers * (dense + attention) + mlm + pooled)
 
 
-def batch_shapes(data: PretrainingData, batch_size: int, steps: int) -> list[tuple[list[int], int]]:
+def batch_shapes(data: PretrainingData, batch_size: int, steps: int,
+                 seed: int) -> list[tuple[list[int], int]]:
     """(lengths, selected) of each batch the runs see: batches are deterministic, so recomputed."""
-    batches = PretrainingBatches(data, batch_size, seed=SEED, epoch=0)
+    batches = PretrainingBatches(data, batch_size, seed=seed, epoch=0)
     shapes = []
     for i in range(steps):
         b = batches[i]
@@ -99,14 +99,14 @@ def batch_shapes(data: PretrainingData, batch_size: int, steps: int) -> list[tup
 # The two trainers
 # ---------------------------------------------------------------------------------------------
 def run_ours(data_dir: Path, config: BertConfig, steps: int, batch_size: int, precision: str,
-             warmup: int, num_workers: int | None) -> dict:
+             warmup: int, num_workers: int | None, seed: int) -> dict:
     """bertkit's own loop; per-step times and losses come from its metrics.jsonl."""
     work = Path(tempfile.mkdtemp(prefix="bench-ours-"))
     config_path = work / "config.json"
     config_path.write_text(json.dumps(config.to_dict()))
     try:
         pretrain(PretrainConfig(data=str(data_dir), out=str(work / "run"), model=str(config_path),
-                                max_steps=steps, batch_size=batch_size, lr=LR, seed=SEED,
+                                max_steps=steps, batch_size=batch_size, lr=LR, seed=seed,
                                 precision=precision, log_every=1, eval_every=10**9,
                                 save_every=10**9, keep=1, progress=False,
                                 num_workers=num_workers))
@@ -121,11 +121,11 @@ def run_ours(data_dir: Path, config: BertConfig, steps: int, batch_size: int, pr
 
 
 def run_peer(data: PretrainingData, config: BertConfig, steps: int, batch_size: int,
-             bf16: bool, warmup: int) -> dict:
+             bf16: bool, warmup: int, seed: int) -> dict:
     """transformers' BertForPreTraining + DataCollatorForLanguageModeling, a plain training loop."""
     import transformers
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     peer_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
                                              if k not in ("architectures",)})
     model = transformers.BertForPreTraining(peer_config).train()
@@ -133,7 +133,7 @@ def run_peer(data: PretrainingData, config: BertConfig, steps: int, batch_size: 
     collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
     optimizer = build_optimizer(model, LR)
     scheduler = lr_schedule(optimizer, max(1, round(0.06 * steps)), steps)
-    order = PretrainingBatches(data, batch_size, seed=SEED, epoch=0)  # the same instances, same order
+    order = PretrainingBatches(data, batch_size, seed=seed, epoch=0)  # the same instances, same order
     tokens, seconds, losses = [], [], []
     for step in range(steps):
         start = time.perf_counter()
@@ -177,24 +177,24 @@ def mfu(run: dict, shapes: list, config: BertConfig, warmup: int, peak: float) -
 
 
 def bench_model(name: str, data: PretrainingData, steps: int, batch_size: int, peaks: dict,
-                bf16_peer_steps: int, num_workers: int | None = None) -> dict:
+                bf16_peer_steps: int, num_workers: int | None, seed: int) -> dict:
     warmup = 2 if steps > 4 else 1
     config = BertConfig.preset(name, vocab_size=data.vocab_size)
     precision = resolve_precision("auto", torch.device("cpu"))
-    shapes = batch_shapes(data, batch_size, steps)
+    shapes = batch_shapes(data, batch_size, steps, seed)
     print(f"\n=== {name}: {steps} steps of {batch_size} × ≤{SEQ_LEN} (vocab {data.vocab_size}), "
           f"first {warmup} untimed", flush=True)
-    ours = run_ours(data.data_dir, config, steps, batch_size, precision, warmup, num_workers)
+    ours = run_ours(data.data_dir, config, steps, batch_size, precision, warmup, num_workers, seed)
     print(f"ours ({precision}): {throughput(ours):,.0f} tokens/s", flush=True)
-    peer = run_peer(data, config, steps, batch_size, bf16=False, warmup=warmup)
+    peer = run_peer(data, config, steps, batch_size, bf16=False, warmup=warmup, seed=seed)
     print(f"peer (fp32): {throughput(peer):,.0f} tokens/s", flush=True)
     peer_bf16 = run_peer(data, config, bf16_peer_steps, batch_size, bf16=True,
-                         warmup=min(warmup, bf16_peer_steps - 1))
+                         warmup=min(warmup, bf16_peer_steps - 1), seed=seed)
     print(f"peer (bf16 autocast): {throughput(peer_bf16):,.0f} tokens/s", flush=True)
 
     tail = max(1, min(10, steps // 3))
     result = {
-        "model": name, "seed": SEED, "steps": steps, "batch_size": batch_size, "ours_precision": precision,
+        "model": name, "seed": seed, "steps": steps, "batch_size": batch_size, "ours_precision": precision,
         "ours_tokens_per_s": throughput(ours), "peer_fp32_tokens_per_s": throughput(peer),
         "peer_bf16_tokens_per_s": throughput(peer_bf16),
         "ours_mfu": mfu(ours, shapes, config, warmup, peaks[precision]),
@@ -232,8 +232,6 @@ def main() -> None:
                         "60 steps vary with it by about ±0.05)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-    global SEED  # one setting read by every runner of this script
-    SEED = args.seed
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -257,7 +255,7 @@ def main() -> None:
         steps = args.steps_base if name in ("base", "large") else args.steps_mini
         bf16_steps = min(steps, 20)  # the bf16 peer is for honesty about speed: fewer steps do
         results.append(bench_model(name, data, steps, args.batch_size, peaks, bf16_steps,
-                                   args.num_workers))
+                                   args.num_workers, args.seed))
     if args.json:
         Path(args.json).write_text(json.dumps({"peaks": peaks, "results": results}, indent=2))
     print()
