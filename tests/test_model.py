@@ -96,6 +96,17 @@ def test_pretraining_gradients_match(tiny_config, padded_batch, tmp_path):
         assert (grads[name] - reference[name]).abs().max() <= TOL, name
 
 
+def test_encoder_alone_keeps_a_dense_word_gradient(tiny_config, padded_batch):
+    """Only a forward that scores MLM labels (a dense decoder use beside it) asks for sparse rows;
+    the encoder called alone afterwards still gives AdamW a dense gradient."""
+    model = BertForPreTraining(tiny_config).train()
+    labels = padded_batch["input_ids"].masked_fill(padded_batch["attention_mask"] == 0, -100)
+    model(**padded_batch, mlm_labels=labels).loss.backward()
+    model.zero_grad()
+    model.bert(**padded_batch).last_hidden_state.sum().backward()
+    assert model.bert.embeddings.word_embeddings.weight.grad.layout == torch.strided
+
+
 def test_pretraining_without_nsp_labels(tiny_config, padded_batch):
     model = BertForPreTraining(tiny_config).eval()
     labels = padded_batch["input_ids"].masked_fill(padded_batch["attention_mask"] == 0, -100)
