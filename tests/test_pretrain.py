@@ -292,3 +292,19 @@ def test_cli_pretrain_and_plot(data_dir, model_json, tmp_path, capsys):
     assert "unknown model 'huge'" in capsys.readouterr().err
     assert main(["plot", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_compiled_layers_train_like_eager(data_dir, model_json, tmp_path):
+    # Dropout on: the compiled layers draw the same random words, in the same order, as eager
+    # (a version whose compiled graph merged two same-sized draws into one failed here).
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    losses = {}
+    for compiled in (False, True):
+        out = tmp_path / f"compile-{compiled}"
+        pretrain(settings(data_dir, out, model_json, max_steps=4, log_every=1, precision="fp32",
+                          compile=compiled))
+        losses[compiled] = train_losses(out)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    for step in losses[False]:
+        assert losses[True][step] == pytest.approx(losses[False][step], abs=1e-5), step

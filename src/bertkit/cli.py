@@ -115,7 +115,7 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mlm-probability", type=float, help="share of tokens selected for MLM (0.15)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
                    help="auto = bf16 on CUDA and CPUs with native bf16, else fp32")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action="store_true", help="torch.compile the encoder layers (on CPU no faster than eager)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--num-workers", type=int,
                    help="DataLoader worker processes (default: 1 on CUDA or when a CPU core is "

@@ -43,10 +43,24 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     """
     threshold = round(p * _LANE_VALUES)
     n = math.prod(shape)
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
-    lanes = words.view(torch.int16)[:n].bitwise_and_(_LANE_VALUES - 1)
-    keep = torch.ge(lanes, threshold, out=torch.empty(n, dtype=dtype, device=device))
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
+    if torch.compiler.is_compiling():  # functional ops only: the compiler fuses them
+        random_fill_(words)
+        keep = words.view(torch.int16)[:n].bitwise_and(_LANE_VALUES - 1).ge(threshold).to(dtype)
+    else:
+        lanes = words.random_().view(torch.int16)[:n].bitwise_and_(_LANE_VALUES - 1)
+        keep = torch.ge(lanes, threshold, out=torch.empty(n, dtype=dtype, device=device))
     return keep.view(shape), threshold / _LANE_VALUES
+
+
+@torch.library.custom_op("bertkit::random_fill_", mutates_args=("words",))
+def random_fill_(words: torch.Tensor) -> None:
+    """words.random_(), as an op that torch.compile calls as it is (Dynamo cannot trace random_()).
+
+    In place on a fresh tensor, so that no compiler pass merges two draws of the same size into
+    one: a graph did exactly that with an out-of-place op, giving two dropouts the same mask.
+    """
+    words.random_()
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -96,7 +96,7 @@ class PretrainConfig:
 
     # --- execution
     precision: str = "auto"  # auto = bf16 on CUDA and on CPUs with native bf16, else fp32
-    compile: bool = False  # torch.compile the model (first steps are slower while it compiles)
+    compile: bool = False  # torch.compile the encoder layers (first steps are slower while it compiles)
     device: str = "auto"  # auto | cpu | cuda
     # DataLoader worker processes preparing batches ahead of the model. None = one on CUDA or
     # where a CPU core is left over by torch's threads, else none: on 2 cores with 2 threads a
@@ -656,7 +656,7 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=not self.use_nsp)
         if c.compile:
-            engine = torch.compile(engine, dynamic=True)
+            self.model.bert.compile_layers()
 
         accum = c.grad_accum
         keys = self.batches.positions(self.step * accum, self.total_steps * accum)
