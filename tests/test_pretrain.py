@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,8 @@ def test_cli_pretrain_and_plot(data_dir, model_json, tmp_path, capsys):
     assert "no metrics.jsonl" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not shutil.which("c++") and not shutil.which("g++"),
+                    reason="torch.compile on CPU needs a C++ compiler")
 def test_compiled_layers_train_like_eager(data_dir, model_json, tmp_path):
     # Dropout on: the compiled layers draw the same random words, in the same order, as eager
     # (a version whose compiled graph merged two same-sized draws into one failed here).
@@ -308,3 +311,10 @@ def test_compiled_layers_train_like_eager(data_dir, model_json, tmp_path):
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     for step in losses[False]:
         assert losses[True][step] == pytest.approx(losses[False][step], abs=1e-5), step
+    from safetensors import safe_open
+
+    names = {}
+    for compiled in (False, True):
+        with safe_open(str(tmp_path / f"compile-{compiled}" / "model" / "model.safetensors"), "pt") as f:
+            names[compiled] = sorted(f.keys())
+    assert names[True] == names[False]  # compiling in place leaves the checkpoint's names alone
