@@ -445,6 +445,9 @@ def train_tokenizer(corpus: "Corpus | str | os.PathLike | Sequence[str | os.Path
     learned pieces. Every character seen becomes a token unless limit_alphabet caps them, so a CJK
     corpus may need vocab_size above its character count. Refuses to replace the tokenizer files of
     an existing directory unless overwrite=True.
+    Not reproducible to the token: the trainer breaks ties between equally frequent merges in
+    hash-map order, which changes between processes (huggingface/tokenizers#1794); a few rare
+    pieces and the order of ids differ from run to run.
     """
     from tokenizers.trainers import WordPieceTrainer
 
