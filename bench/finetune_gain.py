@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {report['seconds']:.0f} s")
     for name, runs in results.items():
         metric = TASKS[name][1]
-        for seed in seeds:
+        for seed, gain in zip(seeds, gains[name]):
             ours, base = runs[seed]["pre-trained"], runs[seed]["random"]
             print(f"gain {name} seed {seed}: test {metric} {ours['test']:.4f} pre-trained (lr {ours['lr']:g}) "
-                  f"vs {base['test']:.4f} random init (lr {base['lr']:g}) = {ours['test'] - base['test']:+.4f}")
+                  f"vs {base['test']:.4f} random init (lr {base['lr']:g}) = {gain:+.4f}")
         if len(seeds) > 1:
             mean = statistics.mean(gains[name])
             error = statistics.stdev(gains[name]) / len(seeds) ** 0.5

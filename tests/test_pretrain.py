@@ -302,19 +302,17 @@ def test_compiled_layers_train_like_eager(data_dir, model_json, tmp_path):
     # (a version whose compiled graph merged two same-sized draws into one failed here).
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    losses = {}
+    from safetensors import safe_open
+
+    losses, names = {}, {}
     for compiled in (False, True):
         out = tmp_path / f"compile-{compiled}"
         pretrain(settings(data_dir, out, model_json, max_steps=4, log_every=1, precision="fp32",
                           compile=compiled))
         losses[compiled] = train_losses(out)
+        with safe_open(str(out / "model" / "model.safetensors"), "pt") as f:
+            names[compiled] = sorted(f.keys())
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     for step in losses[False]:
         assert losses[True][step] == pytest.approx(losses[False][step], abs=1e-5), step
-    from safetensors import safe_open
-
-    names = {}
-    for compiled in (False, True):
-        with safe_open(str(tmp_path / f"compile-{compiled}" / "model" / "model.safetensors"), "pt") as f:
-            names[compiled] = sorted(f.keys())
     assert names[True] == names[False]  # compiling in place leaves the checkpoint's names alone
