@@ -5,14 +5,16 @@ corpus, in the same order, with the same batch size, sequence length (128), opti
 fused, no decay on biases/LayerNorm, linear warmup/decay) and gradient clipping:
 
 - ours: `bertkit.train.pretrain.pretrain`, as `bertkit pretrain` runs it (a DataLoader worker when
-  a core is free, bf16 autocast where the CPU has native bf16, sparse MLM decoder, padding removed);
+  a core is free, bf16 autocast where a matmul probe measures bf16 faster than fp32, sparse MLM
+  decoder, padding removed);
 - peer: `transformers.BertForPreTraining` (sdpa attention) fed by its
   `DataCollatorForLanguageModeling` (dynamic 80/10/10 masking, padding to the longest) with NSP
   labels from the same instances, in fp32 as it runs by default, and again under bf16 autocast.
 
 Printed per model: real (non-padding) tokens/s of each, MFU (model FLOPs — dense layers on real
 tokens, attention on real lengths, MLM decoder on the selected positions — per second, against the
-matmul peak measured here for the precision used), the MLM loss each reached after the same
+matmul peak measured here for the fastest precision, whichever precision a side ran in: a peak
+below the fastest one would flatter the slower precision), the MLM loss each reached after the same
 sequences, and last the speedup. Timing skips the first steps (warm-up); only steps are timed.
 
     python bench/pretrain.py                       # mini (60 steps) and base (6 steps)
@@ -43,7 +45,8 @@ import torch
 from bertkit.config import BertConfig
 from bertkit.data.shards import PretrainingBatches, PretrainingData, prepare
 from bertkit.train.optim import build_optimizer, lr_schedule
-from bertkit.train.pretrain import PretrainConfig, pretrain, resolve_precision
+from bertkit.precision import matmul_rate, resolve_precision
+from bertkit.train.pretrain import PretrainConfig, pretrain
 from bertkit.train.state import read_metrics
 
 SEQ_LEN = 128
@@ -57,21 +60,11 @@ PREPARE_SEED = 0  # the prepared data stay the same whatever the training --seed
 def matmul_peak(dtype: torch.dtype) -> float:
     """Best FLOP/s of (4096 × N) @ (N × N)ᵀ, the layout of nn.Linear, for N in 768, 1024, 2048.
 
-    The fastest single call of several after a warm-up: the first calls of a shape pay for the
-    library's set-up, and a mean over a few calls read 1,820 GFLOP/s one time and 2,625 the next
-    (bf16, 2 threads). A peak set too low would flatter the MFU.
+    Each shape is `bertkit.precision.matmul_rate`: the fastest of 8 calls after a warm-up (a mean
+    over a few calls read 1,820 GFLOP/s one time and 2,625 the next, bf16, 2 threads). A peak set
+    too low would flatter the MFU.
     """
-    best = 0.0
-    for n in (768, 1024, 2048):
-        a = torch.randn(4096, n, dtype=dtype)
-        b = torch.randn(n, n, dtype=dtype)
-        for _ in range(3):  # warm-up
-            a @ b.T
-        for _ in range(8):
-            start = time.perf_counter()
-            a @ b.T
-            best = max(best, 2 * 4096 * n * n / (time.perf_counter() - start))
-    return best
+    return max(matmul_rate(dtype, "cpu", size=n, calls=8, rows=4096) for n in (768, 1024, 2048)) * 1e9
 
 
 def step_flops(config: BertConfig, lengths: list[int], selected: int) -> float:
@@ -186,6 +179,7 @@ def bench_model(name: str, data: PretrainingData, steps: int, batch_size: int, p
     warmup = 2 if steps > 4 else 1
     config = BertConfig.preset(name, vocab_size=data.vocab_size)
     precision = resolve_precision("auto", torch.device("cpu"))
+    fastest = max(peaks, key=peaks.get)
     shapes = batch_shapes(data, batch_size, steps, seed)
     print(f"\n=== {name}: {steps} steps of {batch_size} × ≤{SEQ_LEN} (vocab {data.vocab_size}), "
           f"first {warmup} untimed", flush=True)
@@ -204,16 +198,18 @@ def bench_model(name: str, data: PretrainingData, steps: int, batch_size: int, p
         "ours_compiled": compile,
         "ours_tokens_per_s": throughput(ours), "peer_fp32_tokens_per_s": throughput(peer),
         "peer_bf16_tokens_per_s": throughput(peer_bf16),
-        "ours_mfu": mfu(ours, shapes, config, warmup, peaks[precision]),
-        "peer_fp32_mfu": mfu(peer, shapes, config, warmup, peaks["fp32"]),
+        # Both against the machine's fastest precision: the work could have run at that rate.
+        "peak_precision": fastest,
+        "ours_mfu": mfu(ours, shapes, config, warmup, peaks[fastest]),
+        "peer_fp32_mfu": mfu(peer, shapes, config, warmup, peaks[fastest]),
         "ours_mlm_loss": statistics.mean(ours["mlm_loss"][-tail:]),
         "peer_mlm_loss": statistics.mean(peer["mlm_loss"][-tail:]),
         "loss_window": f"mean of steps {steps - tail + 1}-{steps}",
     }
     result["speedup_vs_fp32"] = result["ours_tokens_per_s"] / result["peer_fp32_tokens_per_s"]
     result["speedup_vs_bf16"] = result["ours_tokens_per_s"] / result["peer_bf16_tokens_per_s"]
-    print(f"MFU: ours {result['ours_mfu']:.1%} of the {precision} peak, peer {result['peer_fp32_mfu']:.1%} "
-          f"of the fp32 peak")
+    print(f"MFU against the fastest precision's peak ({fastest}, {peaks[fastest] / 1e9:,.0f} GFLOP/s): "
+          f"ours ({precision}) {result['ours_mfu']:.1%}, peer (fp32) {result['peer_fp32_mfu']:.1%}")
     print(f"MLM loss after the same {steps * batch_size} sequences ({result['loss_window']}): "
           f"ours {result['ours_mlm_loss']:.3f}, peer {result['peer_mlm_loss']:.3f} "
           f"(start ≈ ln {data.vocab_size} = {torch.log(torch.tensor(float(data.vocab_size))):.2f})")

@@ -29,7 +29,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-FAST = dict(lr=2e-3, batch_size=16, max_length=32, progress=False, warmup_ratio=0.0, seed=0)
+# fp32: results must not depend on which precision this machine's probe finds faster.
+FAST = dict(lr=2e-3, batch_size=16, max_length=32, progress=False, warmup_ratio=0.0, seed=0,
+            precision="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +250,21 @@ def test_freeze_encoder_trains_the_head_only(tmp_path, base_dir):
     encoder = [k for k in after if k.startswith("bert.")]
     assert encoder and all(torch.equal(after[k], before[k]) for k in encoder)
     assert "classifier.weight" in after and "classifier.weight" not in before
+
+
+def test_bf16_precision_trains_and_is_reported(tmp_path, base_dir):
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(128, 1))
+    out = tmp_path / "out"
+    result = ft.finetune("classify", base_dir, train, out, eval_file=train, epochs=4,
+                         **{**FAST, "precision": "bf16"})
+    records = epochs_of(out)  # fp32 on the same data: 0.694 → 0.026, bf16 0.694 → 0.026
+    assert records[-1]["train_loss"] < 0.5 * records[0]["train_loss"]
+    assert result["data"]["precision"] == "bf16"
+    # weights stay fp32 under autocast
+    assert load_file(out / "model.safetensors")["classifier.weight"].dtype == torch.float32
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16, got 'fp16'"):
+        ft.FinetuneConfig(task="classify", model=str(base_dir), train=str(train),
+                          out_dir=str(tmp_path / "x"), precision="fp16")
 
 
 def test_a_crash_keeps_the_finished_epochs(tmp_path, base_dir, monkeypatch):

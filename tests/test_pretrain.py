@@ -13,8 +13,7 @@ import torch
 
 from bertkit.train import state
 from bertkit.train.distributed import DistInfo
-from bertkit.train.pretrain import (PretrainConfig, Trainer, TrainingDiverged, pretrain,
-                                    resolve_precision)
+from bertkit.train.pretrain import PretrainConfig, Trainer, TrainingDiverged, pretrain
 from pretrain_fixtures import make_data, one_thread, run_cli, train_losses, write_model_config  # noqa: F401
 
 SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
@@ -257,13 +256,6 @@ def test_too_little_disk_fails_before_training(data_dir, model_json, tmp_path, m
 def test_bad_settings(data_dir, model_json, tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         pretrain(settings(data_dir, tmp_path / "run", model_json, **{"max_steps": 2, **change}))
-
-
-def test_precision_auto():
-    assert resolve_precision("fp32", torch.device("cpu")) == "fp32"
-    assert resolve_precision("auto", torch.device("cpu")) in ("fp32", "bf16")
-    with pytest.raises(ValueError, match="unknown precision"):
-        resolve_precision("fp8", torch.device("cpu"))
 
 
 # ------------------------------------------------------------------------------ command line

@@ -150,7 +150,7 @@ def seconds_per_step(data, model_config, batch_size: int, precision: str, *, see
     from bertkit.data.shards import PretrainingBatches
     from bertkit.model import BertForPreTraining
     from bertkit.train.optim import build_optimizer
-    from bertkit.train.pretrain import autocast
+    from bertkit.precision import autocast
 
     torch.manual_seed(seed)
     device = torch.device("cpu")
@@ -216,7 +216,7 @@ def heldout_accuracy(model, data, train_data, *, seed: int, precision: str,
     """
     from bertkit.data.shards import PretrainingBatches
     from bertkit.model import IGNORE_INDEX
-    from bertkit.train.pretrain import autocast
+    from bertkit.precision import autocast
 
     batches = PretrainingBatches(data, batch_size, seed=seed, epoch=0, drop_last=False)
     guess = most_frequent_token(train_data)
@@ -294,7 +294,8 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     from bertkit.inference import fill_mask
     from bertkit.model import BertForPreTraining
     from bertkit.tokenizer import BertTokenizer, train_tokenizer
-    from bertkit.train.pretrain import PretrainConfig, pretrain, resolve_precision
+    from bertkit.precision import resolve_precision
+    from bertkit.train.pretrain import CONFIG_FILE, PretrainConfig, pretrain
 
     if config.lang not in LANGUAGES:
         raise ValueError(f"unknown language {config.lang!r}; choose one of {', '.join(LANGUAGES)}")
@@ -330,7 +331,12 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
         stage(f"1-3/5 reusing the vocabulary and data of the earlier demo in {out}")
     data = PretrainingData(data_dir, "train")
     eval_data = PretrainingData(data_dir, "eval")
-    precision = resolve_precision("auto", torch.device("cpu"))
+    # Measured, not read from CPU flags (bertkit.precision). A reused run keeps its own choice, so
+    # that resuming it is not refused over a probe that ranked two close rates the other way.
+    saved_config = out / CONFIG_FILE
+    saved_precision = (json.loads(saved_config.read_text(encoding="utf-8")).get("precision")
+                       if reused_steps is not None and saved_config.is_file() else None)
+    precision = resolve_precision(saved_precision or "auto", torch.device("cpu"))
     dropout = {"hidden_dropout_prob": config.pretrain_dropout,
                "attention_probs_dropout_prob": config.pretrain_dropout}
     model_config = BertConfig.resolve(config.model, vocab_size=data.vocab_size, **dropout)
@@ -339,6 +345,11 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     if steps is None:
         threads, per_step = fastest_threads(lambda: seconds_per_step(
             data, model_config, config.batch_size, precision, seed=config.seed))
+        at_threads = resolve_precision("auto", torch.device("cpu"))  # probed again at `threads`
+        if at_threads != precision:
+            precision = at_threads
+            per_step = seconds_per_step(data, model_config, config.batch_size, precision,
+                                        seed=config.seed)
         # 15% for evaluations and checkpoints, and for steps that run slower than these few.
         steps = max(10, int(0.85 * config.train_minutes * 60 / per_step))
         log(f"one step of {config.batch_size} × {data.max_seq_len} takes {per_step:.2f} s here "

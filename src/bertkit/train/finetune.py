@@ -47,6 +47,7 @@ from bertkit.data.tasks import classify, ner, qa
 from bertkit.data.tasks.common import IGNORE_INDEX, DataReport, WordPieces, forward_batches, pad_batch
 from bertkit.fileio import atomic_write_json, atomic_write_text
 from bertkit.heads import HEADS
+from bertkit.precision import PRECISIONS, autocast, resolve_precision
 from bertkit.train import distributed, optim
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,9 @@ class FinetuneConfig:
     # --- execution
     eval_batch_size: int = 64
     device: str = "auto"  # auto | cpu | cuda
+    # auto = bf16 on CUDA; on CPU whichever of fp32 / bf16 a matmul probe measures faster here
+    # (bertkit.precision). bf16 is autocast: weights and optimizer state stay fp32.
+    precision: str = "auto"
     progress: bool = True
     overwrite: bool = False
 
@@ -134,6 +138,8 @@ class FinetuneConfig:
             problems.append(f"lr must be > 0, got {self.lr!r}")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.ner_invalid not in ("skip", "repair"):
             problems.append(f"ner_invalid must be 'skip' or 'repair', got {self.ner_invalid!r}")
         if problems:
@@ -544,6 +550,7 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
             task.check_labels(data[0], name)
 
     device = _device(config.device)
+    precision = resolve_precision(config.precision, device)
     model.to(device)
     if config.freeze_encoder:
         for param in model.bert.parameters():
@@ -553,7 +560,7 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     model.save_pretrained(out)  # config and initial weights first, so the directory is complete
     tokenizer.save_pretrained(out)
     atomic_write_json(out / CONFIG_FILE, config.to_dict())
-    reports = {"train": train_report.to_dict(), "train_examples": len(train),
+    reports = {"precision": precision, "train": train_report.to_dict(), "train_examples": len(train),
                "train_features": len(features), **task.notes}
     if evaluation is not None:
         reports["eval"] = evaluation[1].to_dict()
@@ -567,7 +574,8 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     metric, higher = task.main_metric()
     started = time.time()
     try:
-        _train(config, task, model, features, evaluation, out, state, metric, higher, device)
+        _train(config, task, model, features, evaluation, out, state, metric, higher, device,
+               precision)
     except BaseException as err:
         atomic_write_json(out / EVAL_FILE, _summary(config, state, metric, reports, started,
                                                     status="interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
@@ -576,13 +584,15 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     summary = _summary(config, state, metric, reports, started, status="done")
     if test is not None:
         best = type(model).from_pretrained(out).to(device)
-        summary["test"] = task.evaluate(best, test[0], config.test)
+        with autocast(device, precision):
+            summary["test"] = task.evaluate(best, test[0], config.test)
     atomic_write_json(out / EVAL_FILE, summary)
     return summary
 
 
 def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict], evaluation,
-           out: Path, state: _RunState, metric: str, higher: bool, device: torch.device) -> None:
+           out: Path, state: _RunState, metric: str, higher: bool, device: torch.device,
+           precision: str) -> None:
     from tqdm.auto import tqdm
 
     rng = random.Random(config.seed)
@@ -600,7 +610,8 @@ def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict],
                    unit="batch", disable=not config.progress, dynamic_ncols=True)
         for batch_index in bar:
             batch = pad_batch([features[i] for i in batch_index], task.pieces.pad_id)
-            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+            with autocast(device, precision):
+                loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1} (epoch "
                                          f"{epoch}); lower --lr. The best model so far is in {out}")
@@ -618,7 +629,8 @@ def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict],
         record = {"epoch": epoch, "step": step, "train_loss": loss_sum / max(1, n_batches),
                   "lr": schedule.get_last_lr()[0], "train_seconds": round(time.time() - tick, 2)}
         if evaluation is not None:
-            scores = task.evaluate(model, evaluation[0], config.eval)
+            with autocast(device, precision):
+                scores = task.evaluate(model, evaluation[0], config.eval)
             record["eval"] = scores
             value = scores.get(metric)
         else:

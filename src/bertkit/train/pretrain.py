@@ -42,6 +42,7 @@ from bertkit.config import BertConfig
 from bertkit.data.shards import PretrainingBatches, PretrainingData
 from bertkit.fileio import atomic_write_json, remove_outputs
 from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
+from bertkit.precision import PRECISIONS, autocast, resolve_precision
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import distributed, optim, state
 
@@ -55,7 +56,6 @@ RUN_OUTPUTS = (CONFIG_FILE, SUMMARY_FILE, state.METRICS, state.CHECKPOINTS, stat
 RESUMABLE_CHANGES = {"resume", "overwrite", "log_every", "save_every", "keep", "eval_every",
                      "eval_batches", "num_workers", "progress", "max_bad_steps", "compile", "device",
                      "time_limit"}
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class TrainingDiverged(RuntimeError):
@@ -95,7 +95,9 @@ class PretrainConfig:
     max_grad_norm: float = 1.0  # clip the global gradient norm, as BERT
 
     # --- execution
-    precision: str = "auto"  # auto = bf16 on CUDA and on CPUs with native bf16, else fp32
+    # auto = bf16 on CUDA; on CPU whichever of fp32 / bf16 a matmul probe measures faster here
+    # (bertkit.precision: CPU flags mislead, bf16 ran at half the fp32 rate on one AVX-512 BF16 CPU)
+    precision: str = "auto"
     compile: bool = False  # torch.compile the encoder layers (first steps are slower while it compiles)
     device: str = "auto"  # auto | cpu | cuda
     # DataLoader worker processes preparing batches ahead of the model. None = one on CUDA or
@@ -167,35 +169,6 @@ class PretrainConfig:
         if unknown:
             raise ValueError(f"unknown pre-training setting(s): {', '.join(unknown)}")
         return cls(**values)
-
-
-# ---------------------------------------------------------------------------------------------
-# Precision
-# ---------------------------------------------------------------------------------------------
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX)."""
-    cpu = getattr(torch, "cpu", None)
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        fn = getattr(cpu, probe, None)
-        if fn is not None and fn():
-            return True
-    return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """'auto' → 'bf16' on CUDA with bf16 support or a CPU with native bf16, else 'fp32'."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if cpu_has_native_bf16() else "fp32"
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast context (a no-op for fp32). Weights and optimizer state stay fp32."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,7 +386,10 @@ class Trainer:
         self.dist = dist_info
         self.device = dist_info.device
         self.run_dir = Path(config.out)
-        self.precision = resolve_precision(config.precision, self.device)
+        # "auto" measures the machine; under torchrun every rank must compute alike, so rank 0's
+        # choice is the run's.
+        self.precision = distributed.broadcast_object(
+            resolve_precision(config.precision, self.device), dist_info)
         world = dist_info.world_size
         if config.batch_size % (config.grad_accum * world):
             raise ValueError(f"batch_size {config.batch_size} must be divisible by grad_accum "
@@ -532,6 +508,13 @@ class Trainer:
         self.tokens_seen = int(saved["tokens_seen"])
         self.elapsed = float(saved["elapsed"])
         self.bad_steps = int(saved["bad_steps"])
+        chosen = saved.get("precision")
+        if self.config.precision == "auto" and chosen in ("fp32", "bf16") and chosen != self.precision:
+            # The probe can rank two close rates differently from one session to the next; the
+            # checkpoint's choice keeps the resumed steps equal to an uninterrupted run's.
+            logger.info("precision auto: keeping the checkpoint's %s (measured %s now)", chosen,
+                        self.precision)
+            self.precision = chosen
         rng = saved["rng"]
         if len(rng) == self.dist.world_size:
             state.restore_rng_state(rng[self.dist.rank])
@@ -564,6 +547,7 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "elapsed": self.elapsed,
             "bad_steps": self.bad_steps,
+            "precision": self.precision,  # what "auto" chose: a resumed run keeps it
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_all,  # one entry per rank
