@@ -383,6 +383,10 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
                    help="auto = bf16 on CUDA; on CPU the faster of fp32 / bf16, measured here")
     p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    p.add_argument("--save-every", type=int,
+                   help="steps between training states in OUT/checkpoints (200; also after each epoch)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue OUT from its training state (same per-step losses as one run)")
     p.add_argument("--overwrite", action="store_true", help="replace the results in an existing OUT")
     p.set_defaults(func=_run_finetune)
 

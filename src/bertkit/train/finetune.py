@@ -7,11 +7,19 @@ decay (peak 3e-5 by default; the paper searched 2e-5 … 5e-5), or the head alon
 OUT_DIR at once, so a crash or a kill later loses nothing already learned; `patience` epochs
 without improvement stop the run.
 
+Resumable exactly, as pre-training is: every `save_every` steps and after every epoch a training
+state (weights, optimizer, schedule, the batch order's generator, torch / Python / NumPy RNG
+states, the epoch's running loss, the epoch records) is written atomically to
+OUT_DIR/checkpoints/step-N (only the newest is kept). `resume=True` continues from it: a run
+killed at any moment, even by SIGKILL, and resumed repeats the uninterrupted run's per-step
+losses. The state is removed once the run has finished.
+
 OUT_DIR is a Hugging Face model directory (config.json with id2label / label2id,
 model.safetensors, tokenizer files) that `transformers`' matching `BertFor…` class loads with the
 same predictions, plus:
   finetune_config.json   every setting of the run (`predict` reads the task and lengths from it)
   metrics.jsonl          one line per epoch: train loss, learning rate, eval metrics
+  steps.jsonl            one line per optimizer step: epoch, loss, learning rate
   eval.json              the best epoch's eval metrics, test metrics of the best model, data
                          reports; on a crash, the error and what had been saved
 
@@ -27,10 +35,13 @@ same windows and decoding as evaluation, and writes one JSON line per input.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
+import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +59,7 @@ from bertkit.data.tasks.common import IGNORE_INDEX, DataReport, WordPieces, forw
 from bertkit.fileio import atomic_write_json, atomic_write_text
 from bertkit.heads import HEADS
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
-from bertkit.train import distributed, optim
+from bertkit.train import distributed, optim, state as train_state
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +67,13 @@ TASKS = ("classify", "pair", "ner", "qa")
 CONFIG_FILE = "finetune_config.json"
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
+STEPS_FILE = "steps.jsonl"
 # Files a run writes into OUT_DIR; an existing one is only replaced with `overwrite`.
-RUN_OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, METRICS_FILE, EVAL_FILE)
+RUN_OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, METRICS_FILE, EVAL_FILE, STEPS_FILE,
+               train_state.CHECKPOINTS)
+# Settings that may change when a run is resumed: they do not alter the sequence of updates.
+RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "eval_batch_size", "save_every",
+                     "out_dir"}
 HEAD_PREFIXES = ("classifier.", "qa_outputs.")  # Hugging Face names of the task heads' tensors
 
 
@@ -111,6 +127,10 @@ class FinetuneConfig:
     precision: str = "auto"
     progress: bool = True
     overwrite: bool = False
+    # Steps between training states in OUT_DIR/checkpoints (one is also written after every
+    # epoch); a tiny model's step takes milliseconds, a base model's on CPU about a second.
+    save_every: int = 200
+    resume: bool = False  # continue OUT_DIR from its training state
 
     def __post_init__(self) -> None:
         for name in ("model", "train", "out_dir", "eval", "test", "tokenizer"):
@@ -126,7 +146,7 @@ class FinetuneConfig:
         if self.task not in TASKS:
             problems.append(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "max_query_length",
-                     "max_answer_length", "n_best"):
+                     "max_answer_length", "n_best", "save_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
@@ -138,6 +158,8 @@ class FinetuneConfig:
             problems.append(f"lr must be > 0, got {self.lr!r}")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if self.resume and self.overwrite:
+            problems.append("resume and overwrite exclude each other; pass one")
         if self.precision not in PRECISIONS:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.ner_invalid not in ("skip", "repair"):
@@ -447,7 +469,7 @@ def _check_out_dir(config: FinetuneConfig) -> Path:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a directory")
     existing = [name for name in RUN_OUTPUTS if (out / name).exists()]
-    if existing and not config.overwrite:
+    if existing and not (config.overwrite or config.resume):
         raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out or "
                               "pass --overwrite to replace them")
     return out
@@ -455,8 +477,9 @@ def _check_out_dir(config: FinetuneConfig) -> Path:
 
 def _start_out_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name in (METRICS_FILE, EVAL_FILE):
+    for name in (METRICS_FILE, EVAL_FILE, STEPS_FILE):
         (out / name).unlink(missing_ok=True)  # stale results must not mix with this run's
+    shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
 
 
 def _device(name: str) -> torch.device:
@@ -556,9 +579,11 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         for param in model.bert.parameters():
             param.requires_grad_(False)
 
-    _start_out_dir(out)
-    model.save_pretrained(out)  # config and initial weights first, so the directory is complete
-    tokenizer.save_pretrained(out)
+    resume_from = _resume_point(config, out)
+    if resume_from is None:
+        _start_out_dir(out)
+        model.save_pretrained(out)  # config and initial weights first, so the directory is complete
+        tokenizer.save_pretrained(out)
     atomic_write_json(out / CONFIG_FILE, config.to_dict())
     reports = {"precision": precision, "train": train_report.to_dict(), "train_examples": len(train),
                "train_features": len(features), **task.notes}
@@ -574,8 +599,9 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     metric, higher = task.main_metric()
     started = time.time()
     try:
-        _train(config, task, model, features, evaluation, out, state, metric, higher, device,
-               precision)
+        reports["precision"] = _train(config, task, model, features, evaluation, out, state, metric,
+                                      higher, device, precision, resume_from)
+        precision = reports["precision"]
     except BaseException as err:
         atomic_write_json(out / EVAL_FILE, _summary(config, state, metric, reports, started,
                                                     status="interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
@@ -587,29 +613,147 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         with autocast(device, precision):
             summary["test"] = task.evaluate(best, test[0], config.test)
     atomic_write_json(out / EVAL_FILE, summary)
+    # Finished: the training state (weights + optimizer, 3× the model) is no longer needed.
+    shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
     return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Training state: save and resume
+# ---------------------------------------------------------------------------------------------
+def _resume_point(config: FinetuneConfig, out: Path) -> Path | None:
+    """The training state to continue from (with `resume`), after checking the settings match."""
+    if not config.resume:
+        return None
+    checkpoint = train_state.latest_checkpoint(out)
+    if checkpoint is None:
+        eval_file = out / EVAL_FILE
+        finished = eval_file.is_file() and json.loads(eval_file.read_text(encoding="utf-8")).get("status") == "done"
+        if finished:
+            raise ValueError(f"{out} holds a finished run (eval.json status done); nothing to resume. "
+                             "Pass --overwrite to train it again, or choose another --out")
+        log.info("no training state in %s yet; starting from step 0", out)
+        return None
+    saved_path = out / CONFIG_FILE
+    saved = json.loads(saved_path.read_text(encoding="utf-8")) if saved_path.is_file() else {}
+    current = config.to_dict()
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in changed)
+        raise ValueError(f"cannot resume {out} with different settings ({details}; saved in "
+                         f"{saved_path}). Resume with the original settings, or start over with "
+                         "--overwrite")
+    return checkpoint
+
+
+def _features_digest(features: Sequence[dict]) -> str:
+    """Fingerprint of the training features, stored in a training state: a resume must train on
+    exactly the same inputs (the data file or the tokenizer may have changed since)."""
+    digest = hashlib.sha256()
+    for feature in features:
+        digest.update(json.dumps(feature, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def _save_training_state(out: Path, step: int, model: nn.Module, trainer_state: dict[str, Any]) -> None:
+    """Write OUT/checkpoints/step-N atomically (a temp directory renamed when every file is on
+    disk) and delete the older ones: any step-N that exists is complete."""
+    root = out / train_state.CHECKPOINTS
+    root.mkdir(exist_ok=True)
+    final, tmp = root / f"step-{step}", root / f".tmp-step-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    torch.save(trainer_state, tmp / train_state.TRAINER_STATE)
+    for path in tmp.iterdir():  # rename is atomic; fsync makes the content survive a power loss
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for _, old in train_state.list_checkpoints(out)[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _truncate_steps_log(path: Path, step: int) -> None:
+    """Keep the steps.jsonl lines up to `step`: a killed run wrote some after its last state."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the torn last line of a killed run
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    atomic_write_text(path, "".join(kept))
 
 
 def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict], evaluation,
            out: Path, state: _RunState, metric: str, higher: bool, device: torch.device,
-           precision: str) -> None:
+           precision: str, resume_from: Path | None = None) -> str:
+    """The epochs of a run (continued from `resume_from`'s training state if given); returns the
+    precision trained in (a resumed run keeps its state's)."""
     from tqdm.auto import tqdm
 
-    rng = random.Random(config.seed)
+    rng = random.Random(config.seed)  # the batch order; dropout draws from torch's generator
     steps_per_epoch = math.ceil(len(features) / config.batch_size)
     total = steps_per_epoch * config.epochs
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
     schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
     trainable = [p for p in model.parameters() if p.requires_grad]
-    step = 0
-    for epoch in range(1, config.epochs + 1):
+    digest = _features_digest(features)
+    steps_log = out / STEPS_FILE
+    step, first_epoch, skip, loss_sum, n_batches, seconds = 0, 1, 0, 0.0, 0, 0.0
+    if resume_from is not None:
+        saved = train_state.load_trainer_state(resume_from)
+        if saved.get("features_digest") != digest:
+            raise ValueError(f"{resume_from} was trained on other inputs than {config.train} gives now "
+                             "(the file or the tokenizer changed); resume with the original data, "
+                             "or start over with --overwrite")
+        load_into(model, read_state_dict(resume_from), str(resume_from))
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["scheduler"])
+        step, first_epoch, skip = int(saved["step"]), int(saved["epoch"]), int(saved["batch_in_epoch"])
+        loss_sum, n_batches, seconds = float(saved["loss_sum"]), int(saved["n_batches"]), float(saved["seconds"])
+        version, internal, gauss = saved["order_rng"]
+        rng.setstate((version, tuple(internal), gauss))
+        run = json.loads(saved["run"])
+        state.records, state.best, state.best_epoch = run["records"], run["best"], run["best_epoch"]
+        state.best_eval, state.stopped_early = run["best_eval"], run["stopped_early"]
+        precision = saved.get("precision", precision)
+        train_state.restore_rng_state(saved["rng"])
+        _truncate_steps_log(steps_log, step)
+        log.info("resuming from %s (step %d of %d, epoch %d)", resume_from, step, total, first_epoch)
+
+    def save(epoch: int, position: int, order_rng) -> None:
+        """The training state before micro-step `position` of `epoch` (whose batch order
+        `order_rng` regenerates)."""
+        run = {"records": state.records, "best": state.best, "best_epoch": state.best_epoch,
+               "best_eval": state.best_eval, "stopped_early": state.stopped_early}
+        _save_training_state(out, step, model, {
+            "format": 1, "step": step, "epoch": epoch, "batch_in_epoch": position,
+            "loss_sum": loss_sum, "n_batches": n_batches, "seconds": seconds,
+            "order_rng": order_rng, "optimizer": optimizer.state_dict(),
+            "scheduler": schedule.state_dict(), "rng": train_state.capture_rng_state(),
+            "precision": precision, "features_digest": digest,
+            "run": json.dumps(run)})  # plain JSON text: loads with weights_only=True
+
+    if state.stopped_early:
+        first_epoch = config.epochs + 1
+    for epoch in range(first_epoch, config.epochs + 1):
         model.train()
         tick = time.time()
-        loss_sum, n_batches = 0.0, 0
-        bar = tqdm(_batches(features, config.batch_size, rng), desc=f"epoch {epoch}/{config.epochs}",
-                   unit="batch", disable=not config.progress, dynamic_ncols=True)
-        for batch_index in bar:
+        if epoch != first_epoch or resume_from is None:
+            loss_sum, n_batches, seconds, skip = 0.0, 0, 0.0, 0
+        epoch_rng = rng.getstate()  # regenerates this epoch's order on resume
+        batches = _batches(features, config.batch_size, rng)
+        bar = tqdm(batches[skip:], desc=f"epoch {epoch}/{config.epochs}", initial=skip,
+                   total=len(batches), unit="batch", disable=not config.progress, dynamic_ncols=True)
+        for position, batch_index in enumerate(bar, start=skip):
             batch = pad_batch([features[i] for i in batch_index], task.pieces.pad_id)
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
             with autocast(device, precision):
                 loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
             if not torch.isfinite(loss):
@@ -622,12 +766,20 @@ def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict],
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            loss_sum += loss.item()
+            loss_value = loss.item()
+            loss_sum += loss_value
             n_batches += 1
+            with open(steps_log, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "epoch": epoch, "loss": loss_value, "lr": lr}) + "\n")
             bar.set_postfix(loss=f"{loss_sum / n_batches:.4f}")
+            if step % config.save_every == 0 and position + 1 < len(batches):
+                seconds += time.time() - tick  # this session's share of the epoch so far
+                tick = time.time()
+                save(epoch, position + 1, epoch_rng)
         bar.close()
+        seconds += time.time() - tick
         record = {"epoch": epoch, "step": step, "train_loss": loss_sum / max(1, n_batches),
-                  "lr": schedule.get_last_lr()[0], "train_seconds": round(time.time() - tick, 2)}
+                  "lr": schedule.get_last_lr()[0], "train_seconds": round(seconds, 2)}
         if evaluation is not None:
             with autocast(device, precision):
                 scores = task.evaluate(model, evaluation[0], config.eval)
@@ -645,7 +797,11 @@ def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict],
         log.info("epoch %d: %s", epoch, json.dumps(record))
         if config.patience and state.best_epoch is not None and epoch - state.best_epoch >= config.patience:
             state.stopped_early = True
+        loss_sum, n_batches, seconds = 0.0, 0, 0.0
+        save(epoch + 1, 0, rng.getstate())  # after the epoch's record and best model
+        if state.stopped_early:
             break
+    return precision
 
 
 def _summary(config: FinetuneConfig, state: _RunState, metric: str, reports: dict, started: float,
