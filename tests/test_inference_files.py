@@ -131,6 +131,13 @@ def test_the_four_formats_give_the_same_records(tmp_path):
         assert [(r.line, r.text, r.pair) for r in got] == [(i + 1 + (suffix != "jsonl"), t, q)
                                                           for i, (t, q, _) in enumerate(rows)], suffix
         assert [r.extra for r in got] == [{"id": i} for _, _, i in rows], suffix
+    # Windows files: a byte-order mark, CRLF endings, a quoted field over two lines; quotes inside
+    # a TSV field are text.
+    (tmp_path / "win.csv").write_bytes('\ufeffid,text\r\n1,"multi\r\nline"\r\n2,c\r\n'.encode())
+    assert [(r.line, r.text, r.extra) for r in read_records(tmp_path / "win.csv")] == [
+        (2, "multi\r\nline", {"id": "1"}), (4, "c", {"id": "2"})]
+    (tmp_path / "q.tsv").write_text('text\tlabel\nhe said "hi" there\tpos\n', encoding="utf-8")
+    assert [r.text for r in read_records(tmp_path / "q.tsv")] == ['he said "hi" there']
     # fmt overrides the suffix; an unknown suffix names the formats.
     (tmp_path / "data.dat").write_text("one\ntwo\n", encoding="utf-8")
     assert [r.text for r in read_records(tmp_path / "data.dat", fmt="txt")] == ["one", "two"]
