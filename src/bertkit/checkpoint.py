@@ -40,7 +40,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from bertkit.config import BertConfig
-from bertkit.fileio import atomic_path
+from bertkit.fileio import atomic_path, missing_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -183,12 +183,14 @@ def read_state_dict(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     model_dir = Path(model_dir)
     safetensors_path, bin_path = model_dir / SAFETENSORS_NAME, model_dir / PYTORCH_NAME
     if safetensors_path.is_file():
+        _check_readable(safetensors_path)
         try:
             return load_file(str(safetensors_path), device="cpu")
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"{safetensors_path} is truncated or corrupt ({err}); "
                                   "re-save or re-download the checkpoint") from None
     if bin_path.is_file():
+        _check_readable(bin_path)
         try:
             state = torch.load(bin_path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for bad archives
@@ -198,8 +200,54 @@ def read_state_dict(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{bin_path} does not hold a state dict (found {type(state).__name__})")
         return state
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory {model_dir} does not exist")
-    raise FileNotFoundError(f"no {SAFETENSORS_NAME} or {PYTORCH_NAME} in {model_dir}")
+        raise FileNotFoundError(missing_model_dir(model_dir))
+    raise FileNotFoundError(f"no {SAFETENSORS_NAME} or {PYTORCH_NAME} in {model_dir}; the weights "
+                            "are missing: copy them there or save the model again")
+
+
+def check_weights(model_dir: str | os.PathLike, model: torch.nn.Module) -> None:
+    """Check a directory's weights without loading them: the file is there, readable and whole,
+    and every tensor it shares with `model` (may live on the meta device) has the model's shape.
+
+    safetensors: only the header is read (safe_open checks that the data cover it); a .bin is
+    loaded. Raises FileNotFoundError, PermissionError or CheckpointError naming the file and fix.
+    """
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    path = model_dir / SAFETENSORS_NAME
+    if path.is_file():
+        _check_readable(path)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(f"{path} is truncated or corrupt ({err}); re-save or re-download "
+                                  "the checkpoint") from None
+    else:
+        shapes = {name: tuple(t.shape) for name, t in read_state_dict(model_dir).items()}
+    converted = from_hf_state_dict({n: torch.empty(s, device="meta") for n, s in shapes.items()},
+                                   has_base_prefix=hasattr(model, "bert"))
+    own = model.state_dict()
+    for name, tensor in converted.items():
+        if name in own and tuple(own[name].shape) != tuple(tensor.shape):
+            hf_name = next(iter(to_hf_state_dict({name: own[name]})))
+            raise CheckpointError(
+                f"{model_dir}: tensor {hf_name} has shape {tuple(tensor.shape)} in the checkpoint "
+                f"but {tuple(own[name].shape)} in config.json; check config.json (e.g. vocab_size, "
+                "num_labels) matches the weights")
+
+
+def _check_readable(path: Path) -> None:
+    """PermissionError naming the file and the fix; the loaders would call it "corrupt"."""
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        mode = path.stat().st_mode & 0o777
+        raise PermissionError(f"cannot read {path}: permission denied (mode {mode:04o}); ask its "
+                              f"owner to make it readable (chmod a+r {path}) or copy the model "
+                              "directory") from None
 
 
 def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
@@ -237,6 +285,34 @@ def write_checkpoint(model: torch.nn.Module, config: BertConfig, out_dir: str | 
     return out_dir
 
 
+# What each class named in config.json's `architectures` is, for messages that say why a model
+# cannot serve a use.
+ARCHITECTURE_KINDS = {
+    "BertModel": "a bare encoder without a task head",
+    "BertForPreTraining": "a pre-trained encoder (MLM and NSP heads, no fine-tuned task head)",
+    "BertForMaskedLM": "a masked-language model (no fine-tuned task head)",
+    "BertForSequenceClassification": "a sequence classifier",
+    "BertForTokenClassification": "a token classifier (tagger)",
+    "BertForQuestionAnswering": "an extractive question-answering model",
+    "BertForMultipleChoice": "a multiple-choice model",
+}
+
+
+def check_architecture(model_dir: str | os.PathLike, config: BertConfig, wanted: type,
+                       fix: str) -> None:
+    """ValueError when config.json's `architectures` names a known class other than `wanted`.
+
+    A head the checkpoint lacks would be initialised at random and answer nonsense; a directory
+    whose config names no architecture (or an unknown one) is let through.
+    fix: what the user should do instead, appended to the message.
+    """
+    names = [n for n in config.extra.get("architectures") or [] if n in ARCHITECTURE_KINDS]
+    if not names or wanted.__name__ in names:
+        return
+    raise ValueError(f"{model_dir} is {ARCHITECTURE_KINDS[names[0]]} ({names[0]} in config.json), "
+                     f"not {ARCHITECTURE_KINDS.get(wanted.__name__, wanted.__name__)}; {fix}")
+
+
 M = TypeVar("M", bound="PretrainedMixin")
 
 
@@ -256,7 +332,7 @@ class PretrainedMixin:
         """
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
-            raise FileNotFoundError(f"model directory {model_dir} does not exist")
+            raise FileNotFoundError(missing_model_dir(model_dir))
         config = BertConfig.from_json(model_dir / "config.json")
         if config_overrides:
             config = config.replace(**config_overrides)

@@ -2,6 +2,8 @@
 
 A crash mid-write leaves either the old file or none, never a truncated one that later loads.
 `remove_outputs` deletes what a command wrote, and only that, when it is told to start over.
+`check_writable_output` is the one pre-flight check of an output location that every command
+calls before it starts work, so a bad --out fails in a second, not after the work is done.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file a normal file's mode
+    mode = 0o666 & ~_umask()
+    os.chmod(tmp, mode)  # mkstemp makes 0600; give the file a normal file's mode
     try:
         yield Path(tmp)
+        # Again after the write: a writer that replaces the file (safetensors' save_file does)
+        # leaves a new file of mode 0600, which another user could not read.
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -48,6 +54,71 @@ def remove_outputs(directory: str | os.PathLike, names: Iterable[str]) -> None:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+def check_writable_output(path: str | os.PathLike, *, overwrite: bool | None, kind: str = "file",
+                          outputs: Iterable[str] | None = None, flag: str = "--out") -> Path:
+    """Fail now, before any work, if `path` cannot take a command's output; returns it as a Path.
+
+    kind: "file" (the output is `path` itself) or "dir" (a directory the command fills).
+    overwrite: False → an existing output is a FileExistsError; True → it may be replaced; None →
+      not checked here (the caller decides, e.g. `--resume` or reusing a finished run).
+    outputs: kind "dir" only: the names inside `path` that count as an existing output (the files
+      the command writes); None → any entry makes the directory an existing output.
+    Raises NotADirectoryError (a file where a directory is needed, or on the way to it),
+    IsADirectoryError (a directory where the output file goes), FileExistsError, or ValueError
+    when the location cannot be written (permissions, read-only file system), each naming the
+    path and the fix. Creates nothing: writability is probed with a temp file in the nearest
+    existing directory, removed at once.
+    """
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind must be 'file' or 'dir', got {kind!r}")
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a directory; pass the path of a file to write")
+    if kind == "dir" and path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file, not a directory; choose another {flag}")
+    # The nearest existing directory on the way: where the first new entry would be created.
+    existing = path if kind == "dir" else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"cannot create {flag} {path}: {existing} is a file, not a "
+                                 f"directory; choose another {flag}")
+    if overwrite is False:
+        if kind == "file" and path.exists():
+            raise FileExistsError(f"{flag} {path} already exists; pass --overwrite to replace it "
+                                  f"or choose another {flag}")
+        if kind == "dir" and path.is_dir():
+            names = list(outputs) if outputs is not None else sorted(p.name for p in path.iterdir())
+            found = [name for name in names if (path / name).exists()]
+            if found:
+                shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+                raise FileExistsError(f"{flag} {path} already holds {shown}; pass --overwrite to "
+                                      f"replace them or choose another {flag}")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".bertkit-write-test.", suffix=".tmp")
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ValueError(f"cannot write {path}: {reason} (in {existing}); choose another "
+                         f"{flag}") from None
+    os.close(fd)
+    os.unlink(probe)
+    if kind == "file" and path.exists() and not os.access(path, os.W_OK):
+        # The rename of an atomic write would replace it anyway; say so rather than surprise.
+        raise ValueError(f"cannot write {path}: it is read-only; make it writable or choose "
+                         f"another {flag}")
+    return path
+
+
+def missing_model_dir(spec: str | os.PathLike, what: str = "model directory") -> str:
+    """The message for a model / tokenizer location that is not on disk.
+
+    Names like `bert-base-uncased` or `org/name` are Hub ids that other tools download; say that
+    bertkit never does, and what to pass instead.
+    """
+    return (f"{what} {spec} is not a local directory (it does not exist); bertkit never downloads: "
+            "pass a local model directory (e.g. one saved by transformers' save_pretrained)")
 
 
 def _umask() -> int:

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from bertkit import heads
-from bertkit.config import BertConfig
+from bertkit.checkpoint import check_weights
+from bertkit.config import PRESETS, BertConfig
 from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -65,7 +66,22 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
 
 
 def build_for_info(spec: str | Path, vocab_size: int | None = None) -> nn.Module:
-    """A preset name or model dir → the model, built on the meta device (no memory, no weights)."""
+    """A preset name or model dir → the model, built on the meta device (no memory, no weights).
+
+    A model directory's weights are checked (present, readable, every tensor of config.json's
+    shape), so `info` never describes a model that would not load.
+    """
+    if str(spec) not in PRESETS:
+        if vocab_size is not None:
+            raise ValueError(f"--vocab-size is for presets ({', '.join(PRESETS)}); {spec} is a "
+                             "model and its config.json fixes the vocabulary")
+        path = Path(spec)
+        if path.is_dir():
+            config = BertConfig.from_json(path)
+            with torch.device("meta"):
+                model = model_class_for(config)(config)
+            check_weights(path, model)
+            return model
     config = BertConfig.resolve(spec, **({"vocab_size": vocab_size} if vocab_size else {}))
     with torch.device("meta"):
         return model_class_for(config)(config)
