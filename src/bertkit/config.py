@@ -9,6 +9,7 @@ and written back unchanged, so a round trip loses nothing.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -31,6 +32,26 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+
+
+def override_keys() -> list[str]:
+    """The keys an override may set: BertConfig's fields (config.json names) and num_labels."""
+    return sorted({f.name for f in dataclasses.fields(BertConfig)} - {"extra"} | {"num_labels"})
+
+
+def check_override_keys(overrides: dict[str, Any]) -> None:
+    """ValueError for a key that is not a config field, naming the closest valid one.
+
+    Loading a config.json keeps unknown keys (other tools' settings); an override the user types
+    is different: `hiden_dropout_prob=0` would be stored and change nothing.
+    """
+    valid = override_keys()
+    for key in overrides:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown config key {key!r}; {hint}valid keys: "
+                             f"{', '.join(valid)}")
 
 
 @dataclass
@@ -84,6 +105,7 @@ class BertConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)} "
                              "or pass a config.json / model directory")
+        check_override_keys(overrides)
         layers, hidden, heads = PRESETS[name]
         fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                       intermediate_size=4 * hidden)
@@ -111,11 +133,16 @@ class BertConfig:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no config.json at {path}")
+            raise FileNotFoundError(f"no config.json at {path}: {path.parent} is not a model "
+                                    "directory; pass one saved by bertkit or by transformers' "
+                                    "save_pretrained (config.json + weights)")
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at byte "
+                             f"{err.start}); a config.json is UTF-8 JSON: re-save it as UTF-8") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
         try:
@@ -133,10 +160,14 @@ class BertConfig:
         if path.exists():
             config = cls.from_json(path)
             return config.replace(**overrides) if overrides else config
-        raise ValueError(f"unknown model {spec_str!r}: not a preset ({', '.join(PRESETS)}) "
-                         "and no such config.json or model directory")
+        raise ValueError(f"unknown model {spec_str!r}: not a preset ({', '.join(PRESETS)}) and not "
+                         "a local config.json or model directory; bertkit never downloads: pass a "
+                         "local model directory (e.g. one saved by transformers' save_pretrained)")
 
     def replace(self, **changes: Any) -> "BertConfig":
+        """A copy with `changes` (config.json field names; `num_labels` too); unknown keys are a
+        ValueError naming the closest field, so a typo never lands silently in `extra`."""
+        check_override_keys(changes)
         values = self.to_dict()
         if "num_labels" in changes and "id2label" not in changes:
             values.pop("id2label", None)

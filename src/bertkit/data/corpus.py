@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from bertkit.data.report import MAX_MESSAGES, DataReport, json_lines
+from bertkit.data.report import MAX_MESSAGES, DataReport, json_lines, plural
 
 FORMATS = ("auto", "lines", "paragraphs", "jsonl")
 _JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
@@ -101,6 +101,12 @@ def _ends_english_sentence(line: str, match: re.Match) -> bool:
 # ---------------------------------------------------------------------------------------------
 # the corpus
 # ---------------------------------------------------------------------------------------------
+# How the summary counts the skip kinds where "kind" + "s" would be wrong: (one, several).
+_KIND_NOUNS = {"line too long": ("line too long", "lines too long"),
+               "invalid JSON": ("invalid JSON line", "invalid JSON lines"),
+               "missing text field": ("line missing the text field", "lines missing the text field")}
+
+
 @dataclass
 class CorpusStats:
     """What reading a corpus produced: counts, and the bad input that was skipped.
@@ -120,7 +126,8 @@ class CorpusStats:
     def skip(self, where: str, kind: str, detail: str = "") -> None:
         """Count one skipped item of `kind` at `where` ("file" or "file:line") and log it."""
         self.skipped[kind] += 1
-        self.report.skip(where, f"{kind}{': ' + detail if detail else ''}")
+        unit = "line" if re.search(r":\d+$", where) else "file"  # a whole file has no line number
+        self.report.skip(where, f"{kind}{': ' + detail if detail else ''}", unit)
 
     @property
     def num_skipped(self) -> int:
@@ -138,10 +145,12 @@ class CorpusStats:
         self.report.messages += other.report.messages[:room]
 
     def summary(self) -> str:
-        text = (f"{', '.join(self.sources)}: {self.files} files, {self.documents} documents, "
-                f"{self.sentences} sentences, {self.characters} characters")
+        text = (f"{', '.join(self.sources)}: {plural(self.files, 'file')}, "
+                f"{plural(self.documents, 'document')}, {plural(self.sentences, 'sentence')}, "
+                f"{plural(self.characters, 'character')}")
         if self.skipped:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(self.skipped.items()))
+            kinds = ", ".join(plural(n, *_KIND_NOUNS.get(kind, (kind,)))
+                              for kind, n in sorted(self.skipped.items()))
             text += f"; skipped {kinds} (first: {self.report.messages[0]})"
         return text
 

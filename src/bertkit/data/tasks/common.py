@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from bertkit.data.report import IGNORE_INDEX, DataReport, json_lines
+from bertkit.data.report import IGNORE_INDEX, DataReport, json_lines, read_text  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,9 @@ def read_rows(path: str | os.PathLike, report: DataReport) -> Iterator[tuple[int
     (the caller reports them). An undecodable JSONL line is reported here and skipped.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
+    text = read_text(path)
     kind = row_format(path)
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(text, newline="") as f:
         if kind == "jsonl":
             for line_no, row, error in json_lines(enumerate(f, start=1)):
                 if error:

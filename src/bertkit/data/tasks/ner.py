@@ -19,6 +19,7 @@ BERT's SQuAD code uses for answer starts (`max_context_owner`).
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 
 from bertkit.data.report import json_lines
 from bertkit.data.tasks.common import (IGNORE_INDEX, DataReport, WordPieces, known_label_order,
-                                       max_context_owner, window_spans)
+                                       max_context_owner, read_text, window_spans)
 from bertkit.metrics import get_entities, split_tag
 
 SCHEMES = ("BIO", "BIOES")
@@ -137,8 +138,6 @@ def read_ner(path: str | os.PathLike, *, labelled: bool = True, tokens_key: str 
     if invalid not in ("skip", "repair"):
         raise ValueError(f"invalid must be 'skip' or 'repair', got {invalid!r}")
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
     report = DataReport(str(path))
     if path.suffix.lower() in (".jsonl", ".json"):
         raw = list(_read_jsonl(path, labelled, tokens_key, tags_key))
@@ -181,7 +180,7 @@ def _read_conll(path: Path, labelled: bool):
             return NerSentence(list(words), list(tags) if labelled else None, f"{path}:{start}")
         return None
 
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(read_text(path)) as f:
         for line_no, line in enumerate(f, start=1):
             line = line.rstrip("\r\n")
             if not line.strip() or line.startswith("-DOCSTART-"):
@@ -206,7 +205,7 @@ def _read_conll(path: Path, labelled: bool):
 
 
 def _read_jsonl(path: Path, labelled: bool, tokens_key: str, tags_key: str):
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(read_text(path)) as f:
         for line_no, row, error in json_lines(enumerate(f, start=1)):
             where = f"{path}:{line_no}"
             if error:

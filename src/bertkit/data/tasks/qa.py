@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.tasks.common import DataReport, WordPieces, max_context_owner, window_spans
+from bertkit.data.tasks.common import DataReport, WordPieces, max_context_owner, read_text, window_spans
 
 
 @dataclass
@@ -69,15 +69,14 @@ def read_squad(path: str | os.PathLike, *, training: bool) -> tuple[list[QAExamp
 
     training: answers are needed to make targets, so an answerable question whose first answer
       text is not found at its `answer_start` (or that has no answer) is reported and skipped.
-      In evaluation only the answer texts are scored and their offsets are not checked.
+      In evaluation only the answer texts are scored: an answer that is not at its
+      `answer_start` keeps its question and is reported (`report.notes`, file, line and id).
     Returns (examples, report, is_v2): is_v2 when the file says version "v2..." or any question
     carries `is_impossible`. Questions with an empty question or context, or a repeated id, are
     skipped; ValueError when none is usable.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    raw = path.read_text(encoding="utf-8")
+    raw = read_text(path)
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -101,6 +100,9 @@ def read_squad(path: str | os.PathLike, *, training: bool) -> tuple[list[QAExamp
                     report.skip(where, problem)
                     continue
                 seen.add(qid)
+                if not training:
+                    for note in _offset_problems(qa, context):
+                        report.note(where, note)
                 impossible = bool(qa.get("is_impossible", False))
                 answers = [] if impossible else [(str(a["text"]), int(a["answer_start"]))
                                                  for a in qa.get("answers", [])
@@ -117,6 +119,27 @@ def _id_lines(raw: str) -> dict[str, int]:
     for m in re.finditer(r'"id"\s*:\s*"((?:[^"\\]|\\.)*)"', raw):
         out.setdefault(m.group(1), raw.count("\n", 0, m.start()) + 1)
     return out
+
+
+def _offset_problems(qa: dict, context: str) -> list[str]:
+    """Eval answers whose text is not at their `answer_start`: only the text is scored, so the
+    question is kept, but a wrong offset usually means the file was edited or built wrongly."""
+    problems = []
+    for answer in qa.get("answers") or []:
+        if not isinstance(answer, dict) or "text" not in answer:
+            continue
+        text = str(answer["text"])
+        try:
+            start = int(answer.get("answer_start"))
+        except (TypeError, ValueError):
+            problems.append(f"answer {text!r} has no integer answer_start; fix answer_start")
+            continue
+        if context[start:start + len(text)] != text:
+            found = context.find(text)
+            hint = f" (it occurs at {found})" if found >= 0 else " (and nowhere in the context)"
+            problems.append(f"answer {text!r} is not at answer_start {start}{hint}; only the answer "
+                            "text is scored, fix answer_start")
+    return problems
 
 
 def _qa_problem(qa: Any, qid: str, context: str, seen: set[str], training: bool) -> str | None:
@@ -159,12 +182,14 @@ class QAEncoded:
       the window), context_start (position of the window's first passage piece in the feature),
       and, when training, start_positions / end_positions.
     offsets[i]: (start, end) character span in example i's context of each passage piece.
+    words[i]: the tokenizer's word index of each passage piece (for snapping spans to words).
     n_unreachable: training answers the tokenizer could not map to pieces (skipped).
     """
 
     features: list[dict[str, Any]]
     offsets: list[list[tuple[int, int]]]
     n_unreachable: int = 0
+    words: list[list[int | None]] = field(default_factory=list)
 
 
 def qa_features(examples: Sequence[QAExample], pieces: WordPieces, settings: QASettings, *,
@@ -185,6 +210,7 @@ def qa_features(examples: Sequence[QAExample], pieces: WordPieces, settings: QAS
                              f"passage after a {len(query)}-piece question; raise --max-length or "
                              "lower --max-query-length")
         out.offsets.append(list(ctx.offsets))
+        out.words.append(list(ctx.word_ids))
         target = _answer_pieces(example, ctx.offsets) if training else None
         if training and target is None and not example.is_impossible:
             out.n_unreachable += 1
