@@ -1,8 +1,13 @@
 """Command line: parses arguments and calls one library function per command.
 
 Each command has a `_add_<name>(sub)` that declares its arguments and a `_run_<name>(args)` that
-calls the library. Library errors (ValueError, FileNotFoundError, FileExistsError) are printed as
-one clear line and exit status 2, without a traceback.
+calls the library. One error boundary in `main` serves every command: library errors (ValueError,
+including UnicodeDecodeError and CheckpointError, and every OSError: missing, existing,
+unreadable or unwritable paths) are printed as exactly one line, `bertkit CMD: error: ...`, with
+exit status 2 and no traceback. Messages are made at their source, in the library, so Python
+callers get them too; the boundary only turns a bare OSError into a line naming the path.
+Every command also takes `--threads N` (torch's intra-op threads), and `bertkit --version` prints
+the version.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,7 +82,7 @@ def _run_embed(args: argparse.Namespace) -> None:
         for text, vector in zip(args.texts, vectors.tolist()):
             print(json.dumps({"text": text, "embedding": vector}, ensure_ascii=False))
         return
-    print(f"{len(args.texts)} embeddings of size {vectors.shape[1]} ({args.pooling} pooling); cosine similarity:")
+    print(f"{len(args.texts)} embedding{'' if len(args.texts) == 1 else 's'} of size {vectors.shape[1]} ({args.pooling} pooling); cosine similarity:")
     sims = vectors @ vectors.T
     for i, text in enumerate(args.texts):
         print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
@@ -160,7 +166,19 @@ def _run_pretrain(args: argparse.Namespace) -> None:
     except Interrupted as err:
         print(f"bertkit pretrain: {err}", file=sys.stderr)
         raise SystemExit(128 + err.signum) from None
+    print(pretrain_summary_line(summary))
     print(json.dumps(summary))
+
+
+def pretrain_summary_line(summary: dict) -> str:
+    """The human line before the JSON: where the model is, how far it got, the held-out score."""
+    line = f"model saved in {summary['model_dir']} after {summary['steps']:,} of {summary['total_steps']:,} steps"
+    held_out = summary.get("eval") or {}
+    if held_out.get("mlm_accuracy") is not None:
+        line += f"; held-out MLM accuracy {held_out['mlm_accuracy']:.3f}, loss {held_out['loss']:.3f}"
+    if summary.get("stopped") == "time_limit":
+        line += "; stopped at --time-limit: continue with --resume"
+    return line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,8 +186,9 @@ def _run_pretrain(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 def _add_plot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw loss / accuracy / lr curves of a run into RUN_DIR/curves.png")
-    p.add_argument("run_dir", help="RUN_DIR of `bertkit pretrain`")
-    p.add_argument("--out", default=None, help="image path (default RUN_DIR/curves.png)")
+    p.add_argument("run_dir", help="RUN_DIR of `bertkit pretrain`, or OUT of `bertkit finetune`")
+    p.add_argument("--out", default=None, help="image path (default RUN_DIR/curves.png, redrawn each time)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out image")
     p.set_defaults(func=_run_plot)
 
 
@@ -177,7 +196,7 @@ def _run_plot(args: argparse.Namespace) -> None:
     from bertkit.plot import plot_run
 
     try:
-        print(plot_run(args.run_dir, args.out))
+        print(plot_run(args.run_dir, args.out, overwrite=args.overwrite))
     except ImportError as err:
         raise SystemExit(f"bertkit plot: error: {err}") from None
 
@@ -400,7 +419,25 @@ def _run_finetune(args: argparse.Namespace) -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
-    print(json.dumps(run_finetune(FinetuneConfig(**settings)), ensure_ascii=False))
+    config = FinetuneConfig(**settings)
+    summary = run_finetune(config)
+    print(finetune_summary_line(summary, config.out_dir))
+    print(json.dumps(summary, ensure_ascii=False))
+
+
+def finetune_summary_line(summary: dict, out_dir: str) -> str:
+    """The human line before the JSON: where the model is, its epoch and its eval / test score."""
+    metric = summary.get("metric")
+    line = f"model saved in {out_dir}"
+    if summary.get("best_epoch") is not None:
+        line += f" (epoch {summary['best_epoch']} of {summary.get('epochs_run')})"
+    for split in ("eval", "test"):
+        scores = summary.get(split) or {}
+        if isinstance(scores.get(metric), (int, float)):
+            line += f"; {split} {metric} {scores[metric]:.4f}"
+    if not summary.get("eval") and not summary.get("test"):
+        line += "; no --eval or --test set, so no score"
+    return line + f"; details in {Path(out_dir) / 'eval.json'}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,22 +506,73 @@ COMMANDS = [_add_info, _add_fill_mask, _add_embed, _add_pretrain, _add_plot, _ad
             _add_tokenizer, _add_prepare, _add_mask_demo, _add_finetune, _add_predict, _add_datasets]
 
 
+def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every runnable command's parser by its full name ("info", "tokenizer train", ...)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            found[prefix] = p
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, f"{prefix} {name}".strip())
+
+    walk(parser, "")
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from bertkit import __version__
+
     parser = argparse.ArgumentParser(
         prog="bertkit", description="BERT end to end: pre-train, fine-tune and use encoder models "
         "(Hugging Face checkpoint format).")
+    parser.add_argument("--version", action="version", version=f"bertkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS:
         add(sub)
+    # One shared option on every command, added here so a new command gets it too. An explicit
+    # default: the commands with argument_default=SUPPRESS pass their namespace on as settings.
+    for command in command_parsers(parser).values():
+        command.add_argument("--threads", type=int, default=None, metavar="N",
+                             help="torch intra-op threads (default: torch's choice)")
     return parser
+
+
+# Errors a user can cause and fix: printed as one line, exit status 2. Anything else is a bug and
+# keeps its traceback. UnicodeDecodeError and json's errors are ValueErrors.
+USER_ERRORS = (ValueError, OSError)
+
+
+def error_line(err: BaseException) -> str:
+    """One line for a library error: its message, or for a bare OSError the path and a fix."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename is not None:
+        # Raised by the OS itself, not by our code: "[Errno 13] Permission denied: '/x'" → a sentence.
+        path = err.filename if err.filename2 is None else f"{err.filename} → {err.filename2}"
+        message = f"{path}: {err.strerror or err}; check the path and its permissions, or choose another path"
+    else:
+        message = str(err) or type(err).__name__
+    return " ".join(message.split())  # exactly one line, whatever the message held
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    command = args.command + (f" {args.tokenizer_command}" if args.command == "tokenizer" else "")
+    threads = vars(args).pop("threads", None)
     try:
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"--threads must be at least 1, got {threads}")
+            import torch
+
+            torch.set_num_threads(threads)
         args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as err:
-        print(f"bertkit {args.command}: error: {err}", file=sys.stderr)
+    except BrokenPipeError:  # the reader went away (`bertkit info base | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second one at exit
+        return 0
+    except USER_ERRORS as err:
+        print(f"bertkit {command}: error: {error_line(err)}", file=sys.stderr)
         return 2
     return 0
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bertkit.fileio import atomic_write_json, remove_outputs
+from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
 
 MARKER = "quickstart.json"
 
@@ -118,9 +118,7 @@ def _claim_out_dir(config: QuickstartConfig) -> int | None:
     """Prepare `out`; return the step count of an identical earlier demo there (to reuse), or None."""
     from bertkit.train.pretrain import RUN_OUTPUTS
 
-    out = Path(config.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a directory")
+    out = check_writable_output(config.out, overwrite=None, kind="dir")
     if not out.is_dir() or not any(out.iterdir()):
         return None
     marker = out / MARKER

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from bertkit.fileio import atomic_write_json, atomic_write_text
+from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, missing_model_dir
 
 if TYPE_CHECKING:
     from bertkit.data.corpus import Corpus
@@ -142,8 +142,7 @@ class BertTokenizer:
         """
         path = Path(path)
         if not path.exists():
-            raise FileNotFoundError(f"tokenizer path {path} does not exist; pass a directory with "
-                                    "vocab.txt or tokenizer.json (e.g. a model directory)")
+            raise FileNotFoundError(missing_model_dir(path, "tokenizer path"))
         directory = path if path.is_dir() else path.parent
         config = _read_json_if_exists(directory / "tokenizer_config.json")
         special_map = _read_json_if_exists(directory / "special_tokens_map.json")
@@ -456,11 +455,8 @@ def train_tokenizer(corpus: "Corpus | str | os.PathLike | Sequence[str | os.Path
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size {vocab_size} is too small; it must exceed the "
                          f"{len(SPECIAL_TOKENS)} special tokens (BERT uses ~30k)")
-    out = Path(out_dir)
-    existing = [name for name in TOKENIZER_FILES if (out / name).exists()]
-    if existing and not overwrite:
-        raise FileExistsError(f"{out} already holds a tokenizer ({', '.join(existing)}); choose "
-                              "another directory or pass --overwrite")
+    # Before reading the corpus: a bad --out must fail in a second, not after the training.
+    out = check_writable_output(out_dir, overwrite=overwrite, kind="dir", outputs=TOKENIZER_FILES)
     corpus = as_corpus(corpus, format=corpus_format, text_field=text_field)
     backend = Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
     _configure_bert_pipeline(backend, lowercase=lowercase, strip_accents=strip_accents,

@@ -46,7 +46,7 @@ from typing import Callable, Sequence
 from bertkit.data.builtin import package_file, read_bbc_article
 from bertkit.data.tasks.classify import ClassifyExample
 from bertkit.data.tasks.ner import NerSentence
-from bertkit.fileio import atomic_path
+from bertkit.fileio import atomic_path, check_writable_output
 
 SPLITS = ("train", "dev", "test")
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
@@ -281,9 +281,10 @@ def write_labelled(name: str, out_dir: str, *, overwrite: bool = False) -> dict[
     suffix = "conll" if info.task == "ner" else "jsonl"
     out = Path(out_dir)
     paths = {split: out / f"{name}.{split}.{suffix}" for split in SPLITS}
-    existing = [str(p) for p in paths.values() if p.exists()]
-    if existing and not overwrite:
-        raise FileExistsError(f"{', '.join(existing)} already exist; remove them or pass --overwrite")
+    check_writable_output(out, overwrite=overwrite, kind="dir", outputs=[p.name for p in paths.values()])
+    for path in paths.values():
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a directory; remove it or choose another --out")
     for split, path in paths.items():
         write_examples(load_labelled(name, split), path)
     return paths

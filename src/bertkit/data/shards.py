@@ -43,7 +43,7 @@ from bertkit.data.instances import (IS_NEXT, Instance, TokenizedDocuments,
                                     create_nsp_instances, create_packed_instances,
                                     tokenize_documents)
 from bertkit.data.masking import IGNORE_INDEX, default_max_predictions, mask_keys, mask_tokens
-from bertkit.fileio import atomic_path, atomic_write_json
+from bertkit.fileio import atomic_path, atomic_write_json, check_writable_output
 from bertkit.tokenizer import TOKENIZER_FILES, BertTokenizer
 
 logger = logging.getLogger(__name__)
@@ -220,8 +220,7 @@ def _check_prepare_args(max_seq_len: int, short_seq_prob: float, dupe_factor: in
 def _check_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse a file, a non-empty directory unless overwrite, and with overwrite any directory
     where replacing our files would touch something that is not ours."""
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file; pass a directory")
+    check_writable_output(out, overwrite=None, kind="dir")
     if not out.exists() or not any(out.iterdir()):
         return
     if not overwrite:
@@ -614,8 +613,8 @@ class PretrainingBatches(torch.utils.data.Dataset):
         if self.num_batches == 0:
             raise ValueError(f"split {data.split!r} of {data.data_dir} has {data.num_instances} "
                              f"instances, fewer than one global batch of {global_batch} (batch "
-                             f"size {batch_size} × world size {world_size}); lower the batch size "
-                             "or pass drop_last=False")
+                             f"size {batch_size} × world size {world_size}); lower --batch-size "
+                             "or prepare more data (a larger corpus, or a higher --dupe-factor)")
 
     def __len__(self) -> int:
         return self.num_batches

@@ -51,12 +51,13 @@ import torch
 from torch import nn
 
 from bertkit import metrics
-from bertkit.checkpoint import load_into, read_state_dict, to_hf_state_dict
+from bertkit.checkpoint import check_architecture, load_into, read_state_dict, to_hf_state_dict
 from bertkit.config import PRESETS, BertConfig
 from bertkit.data import labelled
 from bertkit.data.tasks import classify, ner, qa
-from bertkit.data.tasks.common import IGNORE_INDEX, DataReport, WordPieces, forward_batches, pad_batch
-from bertkit.fileio import atomic_write_json, atomic_write_text
+from bertkit.data.tasks.common import (IGNORE_INDEX, DataReport, WordPieces, forward_batches, pad_batch,
+                                       read_text)
+from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, missing_model_dir
 from bertkit.heads import HEADS
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
 from bertkit.train import distributed, optim, state as train_state
@@ -212,6 +213,10 @@ class ClassifyTask:
 
     def load_labels(self, model_config: BertConfig) -> None:
         regression = model_config.problem_type == "regression" or model_config.num_labels == 1
+        if not regression and model_config.id2label is None:
+            raise ValueError(f"{self.config.model} has no labels (no id2label in config.json): it "
+                             "is not a fine-tuned classifier; fine-tune it first with `bertkit "
+                             f"finetune --task {self.config.task}`")
         self.space = classify.LabelSpace(None if regression else
                                          [model_config.id2label[i] for i in sorted(model_config.id2label)])
 
@@ -289,7 +294,16 @@ class NerTask:
         return {"id2label": dict(enumerate(self.names)), "label2id": {n: i for i, n in enumerate(self.names)}}
 
     def load_labels(self, model_config: BertConfig) -> None:
+        if model_config.id2label is None:
+            raise ValueError(f"{self.config.model} has no tags (no id2label in config.json): it is "
+                             "not a fine-tuned tagger; fine-tune it first with `bertkit finetune "
+                             "--task ner`")
         self.names = [model_config.id2label[i] for i in sorted(model_config.id2label)]
+        not_tags = [n for n in self.names if n != "O" and n[:2] not in ("B-", "I-", "E-", "S-")]
+        if not_tags:
+            raise ValueError(f"{self.config.model}'s labels ({', '.join(map(repr, not_tags[:5]))}) are "
+                             "not BIO / BIOES tags: it is a sequence classifier, not a tagger; pass "
+                             "--task classify, or a model fine-tuned with `bertkit finetune --task ner`")
         self.scheme = "BIOES" if any(n[:2] in ("E-", "S-") for n in self.names) else "BIO"
 
     def train_features(self, examples: Sequence, source: str) -> list[dict]:
@@ -399,17 +413,23 @@ class QATask:
         return [dataclasses.asdict(p) for p in self.answers(model, examples)]
 
 
+def _task_of_architecture(directory: Path) -> str | None:
+    """The --task that suits the head named in config.json's `architectures`, if any."""
+    names = BertConfig.from_json(directory).extra.get("architectures") or []
+    for task, cls in HEADS.items():
+        if task in TASKS and cls.__name__ in names:
+            return task
+    return None
+
+
 TASK_CLASSES = {"classify": ClassifyTask, "pair": ClassifyTask, "ner": NerTask, "qa": QATask}
 
 
 def _read_text_lines(path: str, make) -> tuple[list, DataReport]:
     """Prediction input as plain text, one example a line (blank lines skipped)."""
-    path_ = Path(path)
-    if not path_.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
     report = DataReport(str(path))
     items = []
-    for line_no, line in enumerate(path_.read_text(encoding="utf-8").splitlines(), start=1):
+    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
         if line.strip():
             items.append(make(line.strip(), f"{path}:{line_no}"))
     report.n_kept = len(items)
@@ -428,6 +448,9 @@ def _load_tokenizer(config: FinetuneConfig):
         if config.model in PRESETS:
             raise ValueError(f"--model {config.model} is a preset (random init) and has no tokenizer; "
                              "pass --tokenizer DIR (e.g. the directory of a pre-trained model)")
+        if not Path(config.model).is_dir():
+            raise FileNotFoundError(missing_model_dir(config.model, "--model") + f", or a preset "
+                                    f"({', '.join(PRESETS)}) with --tokenizer")
         source = config.model
     return BertTokenizer.from_pretrained(source)
 
@@ -443,7 +466,7 @@ def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[st
         return cls(BertConfig.preset(model, vocab_size=vocab_size, **label_overrides))
     directory = Path(model)
     if not directory.is_dir():
-        raise FileNotFoundError(f"--model {model}: no such model directory and not a preset "
+        raise FileNotFoundError(missing_model_dir(model, "--model") + f", or a preset "
                                 f"({', '.join(PRESETS)})")
     config = BertConfig.from_json(directory)
     if config.vocab_size != vocab_size:
@@ -465,9 +488,7 @@ def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[st
 
 def _check_out_dir(config: FinetuneConfig) -> Path:
     """OUT_DIR may be new or empty; a previous run's files are replaced only with `overwrite`."""
-    out = Path(config.out_dir)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a directory")
+    out = check_writable_output(config.out_dir, overwrite=None, kind="dir")
     existing = [name for name in RUN_OUTPUTS if (out / name).exists()]
     if existing and not (config.overwrite or config.resume):
         raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out or "
@@ -845,15 +866,22 @@ def predict(model_dir: str, input_file: str, out_file: str, *, task: str | None 
       qa: SQuAD JSON → {"id", "text", "score", "null_score_diff", "nbest"}.
     Returns {"task", "n", "out_file", "input": data report}.
     """
+    # The output first: an unwritable --out must not cost the whole prediction run.
+    out = check_writable_output(out_file, overwrite=overwrite, kind="file")
     directory = Path(model_dir)
+    if not directory.is_dir():
+        raise FileNotFoundError(missing_model_dir(model_dir, "--model"))
     saved_path = directory / CONFIG_FILE
     saved = json.loads(saved_path.read_text(encoding="utf-8")) if saved_path.is_file() else {}
     task = task or saved.get("task")
     if task is None:
         raise ValueError(f"{directory} has no {CONFIG_FILE}; pass --task ({', '.join(TASKS)})")
-    out = Path(out_file)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    suited = _task_of_architecture(directory)
+    check_architecture(directory, BertConfig.from_json(directory), HEADS[task],
+                       (f"pass --task {suited}, or " if suited else "") +
+                       f"fine-tune it first with `bertkit finetune --task {task}`")
     known = {f.name for f in dataclasses.fields(FinetuneConfig)}
     values = {k: v for k, v in saved.items() if k in known}
     values.update(task=task, model=str(directory), train=values.get("train", ""), out_dir=str(directory),

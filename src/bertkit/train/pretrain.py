@@ -38,9 +38,9 @@ import torch.distributed as dist
 from torch import nn
 
 from bertkit.checkpoint import load_into, read_state_dict
-from bertkit.config import BertConfig
+from bertkit.config import BertConfig, check_override_keys
 from bertkit.data.shards import PretrainingBatches, PretrainingData
-from bertkit.fileio import atomic_write_json, remove_outputs
+from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
 from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
 from bertkit.tokenizer import BertTokenizer
@@ -156,6 +156,10 @@ class PretrainConfig:
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
         if self.resume and self.overwrite:
             problems.append("resume and overwrite exclude each other; pass one")
+        try:  # a typo such as hiden_dropout_prob fails here, before the data are read
+            check_override_keys(self.model_overrides)
+        except ValueError as err:
+            problems.append(f"model_overrides (--model-arg): {err}")
         if problems:
             raise ValueError("invalid pre-training settings: " + "; ".join(problems))
 
@@ -316,9 +320,7 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
 # ---------------------------------------------------------------------------------------------
 def prepare_run_dir(config: PretrainConfig) -> None:
     """Refuse to mix runs: an existing non-empty RUN_DIR needs --resume or --overwrite."""
-    run_dir = Path(config.out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(f"--out {run_dir} is a file, not a directory")
+    run_dir = check_writable_output(config.out, overwrite=None, kind="dir")
     has_content = run_dir.is_dir() and any(run_dir.iterdir())
     if not has_content or config.resume:
         return
@@ -332,7 +334,9 @@ def prepare_run_dir(config: PretrainConfig) -> None:
 def check_resume_config(saved: dict[str, Any], config: PretrainConfig, source: Path) -> None:
     """A resumed run must make the same updates: only operational settings may differ."""
     current = config.to_dict()
-    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and k != "data"
+    # Neither path is compared: `runD/`, `runD` and /abs/runD are one directory, a run directory
+    # may be moved, and the data are compared by their digest (see `_resume`).
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and k not in ("data", "out")
                      and saved.get(k) != current[k])
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in changed)

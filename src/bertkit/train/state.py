@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.data.report import json_lines
+from bertkit.data.report import json_lines, read_text
 from bertkit.fileio import atomic_path, atomic_write_text
 
 CHECKPOINTS = "checkpoints"
@@ -244,8 +244,9 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record of `RUN_DIR/metrics.jsonl`, in file order (a torn last line is skipped)."""
     path = Path(run_dir) / METRICS
     if not path.is_file():
-        raise FileNotFoundError(f"no {METRICS} in {run_dir}; is it a pre-training run directory?")
-    lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        raise FileNotFoundError(f"no {METRICS} in {run_dir}; pass the --out directory of "
+                                "`bertkit pretrain` or `bertkit finetune`")
+    lines = enumerate(read_text(path).splitlines(), start=1)
     # A run killed mid-write leaves at most one partial line: it is skipped.
     return [record for _, record, error in json_lines(lines) if error is None]
 

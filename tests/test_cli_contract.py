@@ -1,0 +1,308 @@
+"""The CLI error contract, over every command × every class of bad input.
+
+For each command of `bertkit.cli` (taken from the parser, so a new command joins the matrix: it
+fails `test_every_command_has_a_contract_spec` until it has a `SPECS` entry) and each bad-input
+class, `bertkit.cli.main` must return 2, print exactly one error line `bertkit CMD: error: ...`
+naming the bad value, no traceback, and leave every file as it was: nothing the user had is
+overwritten or deleted, and no partial output is left. A command that takes no input of a class
+is skipped for it with the reason from `NOT_APPLICABLE`, which a test also checks.
+
+Unwritable output: chmod cannot stop root, so the output goes under /sys, which refuses new
+entries to root as well (EACCES; EROFS in most containers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertkit import cli
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pretrain_fixtures import TINY_MODEL, make_data  # noqa: E402
+
+CASES = ("unwritable_output", "output_under_file", "existing_output", "non_utf8_input",
+         "binary_input", "missing_input", "dir_for_file", "wrong_model_kind", "truncated_weights")
+
+
+@dataclass
+class Spec:
+    """How to run one command well; each bad-input case replaces one slot.
+
+    argv: the command line with slots {OUT}, {INPUT}, {MODEL} and fixture names ({PT}, {CLF}, ...).
+    out: "file" | "dir" | None: what {OUT} is. existing: names that make {OUT} an existing output.
+    input_suffix: suffix of the {INPUT} file (None: the command reads no input file).
+    input_default: the good {INPUT} fixture. model_default: the good {MODEL} fixture (None: none).
+    wrong_model: the fixture of the wrong kind for {MODEL}. reads_weights: False when {MODEL} is
+    only a tokenizer source. model_args: arguments holding {MODEL} that only the model cases add
+    (pretrain's --init, which would hide --model {INPUT}).
+    """
+
+    argv: list[str]
+    out: str | None = None
+    existing: list[str] = field(default_factory=list)
+    input_suffix: str | None = None
+    input_default: str | None = None
+    model_default: str | None = None
+    wrong_model: str = "TOKENIZER_ONLY"
+    reads_weights: bool = True
+    model_args: list[str] = field(default_factory=list)  # added for the model cases only
+
+
+SPECS: dict[str, Spec] = {
+    "info": Spec(["info", "{MODEL}"], model_default="PT"),
+    "fill-mask": Spec(["fill-mask", "{MODEL}", "the cat [MASK] the ball"], model_default="PT"),
+    "embed": Spec(["embed", "{MODEL}", "the cat sees the ball"], model_default="PT"),
+    "pretrain": Spec(["pretrain", "--data", "{DATA}", "--out", "{OUT}", "--model", "{INPUT}",
+                      "--max-steps", "1", "--batch-size", "8", "--no-progress"],
+                     out="dir", existing=["metrics.jsonl"], input_suffix=".json",
+                     input_default="MODEL_JSON", model_default="PT", model_args=["--init", "{MODEL}"]),
+    "plot": Spec(["plot", "{INPUT}", "--out", "{OUT}"], out="file", existing=["curves.png"],
+                 input_suffix="metrics.jsonl", input_default="RUN"),
+    "quickstart": Spec(["quickstart", "--out", "{OUT}", "--steps", "1"], out="dir",
+                       existing=["notes.txt"]),
+    "tokenizer train": Spec(["tokenizer", "train", "--corpus", "{INPUT}", "--vocab-size", "60",
+                             "--out", "{OUT}"], out="dir", existing=["vocab.txt"],
+                            input_suffix=".txt", input_default="CORPUS"),
+    "prepare": Spec(["prepare", "--corpus", "{INPUT}", "--tokenizer", "{MODEL}", "--out", "{OUT}",
+                     "--workers", "1", "--max-seq-len", "32"], out="dir", existing=["meta.json"],
+                    input_suffix=".txt", input_default="CORPUS", model_default="PT",
+                    wrong_model="DATA", reads_weights=False),
+    "mask-demo": Spec(["mask-demo", "the cat sees the ball", "--tokenizer", "{MODEL}"],
+                      model_default="PT", wrong_model="DATA", reads_weights=False),
+    "finetune": Spec(["finetune", "--task", "classify", "--model", "{MODEL}", "--train", "{INPUT}",
+                      "--out", "{OUT}", "--epochs", "1", "--max-length", "16", "--no-progress"],
+                     out="dir", existing=["config.json", "model.safetensors"],
+                     input_suffix=".jsonl", input_default="TRAIN", model_default="PT"),
+    "predict": Spec(["predict", "--model", "{MODEL}", "--input", "{INPUT}", "--out", "{OUT}",
+                     "--no-progress"], out="file", existing=["predictions.jsonl"],
+                    input_suffix=".txt", input_default="TEXTS", model_default="CLF",
+                    wrong_model="PT"),
+    "datasets": Spec(["datasets", "zh-sentiment", "--out", "{OUT}"], out="dir",
+                     existing=["zh-sentiment.train.jsonl"]),
+}
+
+# (command, case) → why the case does not apply. Checked by `test_not_applicable_is_explained`.
+NOT_APPLICABLE: dict[tuple[str, str], str] = {}
+for _name, _spec in SPECS.items():
+    if _spec.out is None:
+        for _case in ("unwritable_output", "output_under_file", "existing_output"):
+            NOT_APPLICABLE[(_name, _case)] = "writes no files (prints to stdout)"
+    if _spec.input_suffix is None:
+        for _case in ("non_utf8_input", "binary_input"):
+            NOT_APPLICABLE[(_name, _case)] = "reads no input file (texts come from the command line)"
+    if _spec.model_default is None:
+        for _case in ("wrong_model_kind", "truncated_weights"):
+            NOT_APPLICABLE[(_name, _case)] = "takes no model directory"
+    elif not _spec.reads_weights:
+        NOT_APPLICABLE[(_name, "truncated_weights")] = "reads only the tokenizer files, not weights"
+    if _spec.input_suffix is None and _spec.model_default is None:
+        NOT_APPLICABLE[(_name, "missing_input")] = "reads no input at all"
+    if _spec.input_suffix is None and _spec.out != "file":
+        NOT_APPLICABLE.setdefault((_name, "dir_for_file"), "has no file argument")
+for _name in ("tokenizer train", "prepare"):
+    # A corpus source may be a directory (its files are read), so a directory is not wrong there.
+    NOT_APPLICABLE[(_name, "dir_for_file")] = "a directory is a valid corpus source"
+NOT_APPLICABLE[("quickstart", "missing_input")] = "its corpus is built in"
+NOT_APPLICABLE[("datasets", "missing_input")] = "its data are built in"
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: tiny models and files, made once
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict[str, Path]:
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForPreTraining
+    from bertkit.tokenizer import BertTokenizer
+    from bertkit.train import finetune as ft
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("assets")
+    data = make_data(root, n_docs=60, vocab_size=120, max_seq_len=32)
+    tokenizer_dir = root / "tokenizer"
+    pt = root / "pt"
+    torch.manual_seed(0)
+    vocab = BertTokenizer.from_pretrained(tokenizer_dir).vocab_size
+    BertForPreTraining(BertConfig(**{**TINY_MODEL, "vocab_size": vocab})).save_pretrained(pt)
+    BertTokenizer.from_pretrained(tokenizer_dir).save_pretrained(pt)
+    train = root / "train.jsonl"
+    rows = [{"text": f"the cat sees {'the red ball' if i % 2 else 'a blue car'}",
+             "label": "pos" if i % 2 else "neg"} for i in range(16)]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    clf = root / "clf"
+    ft.finetune("classify", pt, train, clf, epochs=1, max_length=16, batch_size=8, progress=False)
+    texts = root / "texts.txt"
+    texts.write_text("the cat sees the ball\na dog likes a car\n", encoding="utf-8")
+    corpus = root / "corpus.txt"
+    corpus.write_text("the cat sees the red ball in the park.\na dog likes a blue car.\n",
+                      encoding="utf-8")
+    model_json = root / "model.json"
+    model_json.write_text(json.dumps(TINY_MODEL), encoding="utf-8")
+    run = root / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "split": "train", "loss": 5.0,
+                                                   "lr": 1e-4}) + "\n", encoding="utf-8")
+    tokenizer_only = root / "tokenizer_only"
+    shutil.copytree(tokenizer_dir, tokenizer_only)
+    torch.set_num_threads(before)
+    return {"PT": pt, "CLF": clf, "DATA": data, "TRAIN": train, "TEXTS": texts, "CORPUS": corpus,
+            "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only}
+
+
+def snapshot(*roots: Path) -> dict[str, tuple]:
+    """Every entry under `roots`: kind, mode and content hash (files), so any change shows."""
+    found = {}
+    for root in roots:
+        for path in [root, *root.rglob("*")]:
+            st = path.lstat()
+            digest = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else None
+            found[str(path)] = (path.is_dir(), st.st_mode, digest)
+    return found
+
+
+def bad_input(case: str, tmp: Path, suffix: str) -> Path:
+    """The input file (or directory) of one bad-input case."""
+    if suffix.startswith("metrics"):  # plot reads RUN_DIR/metrics.jsonl: the bad file goes there
+        run = tmp / "badrun"
+        run.mkdir()
+        inner = bad_input(case, run, ".jsonl") if case != "missing_input" else None
+        if inner is not None:
+            inner.rename(run / "metrics.jsonl")
+        return run if case != "missing_input" else tmp / "no-such-run"
+    path = tmp / f"bad{suffix}"
+    if case == "non_utf8_input":
+        path.write_bytes(b'{"text": "caf\xe9 cr\xe8me", "label": "pos"}\n' if suffix != ".txt"
+                         else b"the caf\xe9 is nice\n")
+    elif case == "binary_input":
+        path.write_bytes(bytes(range(256)) * 8)
+    elif case == "dir_for_file":
+        path.mkdir()
+    elif case == "missing_input":
+        pass
+    return path
+
+
+def truncated_copy(model: Path, tmp: Path) -> Path:
+    out = tmp / "truncated_model"
+    shutil.copytree(model, out)
+    weights = out / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return out
+
+
+def build_argv(spec: Spec, case: str, assets: dict[str, Path], tmp: Path) -> tuple[list[str], str]:
+    """The command line for `case`, and the value the error message must name."""
+    values = {name: str(path) for name, path in assets.items()}
+    values["OUT"] = str(tmp / ("out.png" if spec.argv[0] == "plot" else "out"))
+    if spec.out == "file" and spec.argv[0] == "predict":
+        values["OUT"] = str(tmp / "predictions.jsonl")
+    if spec.input_default:
+        values["INPUT"] = values[spec.input_default]
+    if spec.model_default:
+        values["MODEL"] = values[spec.model_default]
+    named = None
+    if case == "unwritable_output":
+        values["OUT"] = named = f"/sys/bertkit-contract-test/{Path(values['OUT']).name}"
+    elif case == "output_under_file":
+        blocker = tmp / "blocker"
+        blocker.write_text("the user's file\n")
+        values["OUT"] = named = str(blocker / Path(values["OUT"]).name)
+    elif case == "existing_output":
+        out = Path(values["OUT"])
+        if spec.out == "file":
+            out.write_text("the user's results\n")
+        else:
+            out.mkdir()
+            for name in spec.existing:
+                (out / name).write_text("the user's file\n")
+        named = str(out)
+    elif case in ("non_utf8_input", "binary_input"):
+        values["INPUT"] = str(bad_input(case, tmp, spec.input_suffix))
+        named = Path(values["INPUT"]).name
+    elif case == "missing_input":
+        if spec.input_suffix is not None:
+            values["INPUT"] = str(bad_input(case, tmp, spec.input_suffix))
+            named = Path(values["INPUT"]).name
+        else:
+            values["MODEL"] = named = str(tmp / "no-such-model")
+    elif case == "dir_for_file":
+        if spec.out == "file":
+            Path(values["OUT"]).mkdir()
+            named = values["OUT"]
+        else:
+            values["INPUT"] = named = str(bad_input(case, tmp, spec.input_suffix))
+    elif case == "wrong_model_kind":
+        values["MODEL"] = named = values[spec.wrong_model]
+    elif case == "truncated_weights":
+        values["MODEL"] = str(truncated_copy(Path(values["MODEL"]), tmp))
+        named = "model.safetensors"
+    template = spec.argv + (spec.model_args if case in ("wrong_model_kind", "truncated_weights") else [])
+    argv = [arg.format(**values) if "{" in arg else arg for arg in template]
+    return argv, named
+
+
+# ---------------------------------------------------------------------------------------------
+# the matrix
+# ---------------------------------------------------------------------------------------------
+def test_every_command_has_a_contract_spec():
+    commands = set(cli.command_parsers(cli.build_parser()))
+    missing = sorted(commands - set(SPECS))
+    assert not missing, (f"commands without an entry in tests/test_cli_contract.py SPECS: {missing}; "
+                         "add one so the error contract is tested for them")
+    assert not set(SPECS) - commands, f"SPECS names commands that no longer exist: {set(SPECS) - commands}"
+
+
+def test_not_applicable_is_explained():
+    """Every skip names a real command and case and says why; no command skips everything."""
+    for (name, case), why in NOT_APPLICABLE.items():
+        assert name in SPECS and case in CASES and len(why) > 10
+    for name in SPECS:
+        assert any((name, case) not in NOT_APPLICABLE for case in CASES), name
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", sorted(SPECS))
+def test_contract(command, case, assets, tmp_path, capsys, monkeypatch):
+    if (command, case) in NOT_APPLICABLE:
+        pytest.skip(f"{command}: {NOT_APPLICABLE[(command, case)]}")
+    if case == "unwritable_output" and not _sys_refuses_writes():
+        pytest.skip("/sys accepts new files here; no unwritable location to test with")
+    monkeypatch.chdir(tmp_path)
+    spec = SPECS[command]
+    argv, named = build_argv(spec, case, assets, tmp_path)
+    before = snapshot(tmp_path, assets["PT"].parent)
+    threads = torch.get_num_threads()
+    try:
+        status = cli.main([*argv, "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert status == 2, f"{command} {case}: exit {status}\n{err}"
+    assert "Traceback" not in err
+    errors = [line for line in lines if line.startswith(f"bertkit {command}: error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    # Lines before the error may only be the data readers' reports of the bad rows they skipped.
+    assert all(line.endswith("skipped)") for line in lines[:-1]), err
+    assert named in errors[0], f"the message does not name {named!r}: {errors[0]}"
+    after = snapshot(tmp_path, assets["PT"].parent)
+    assert after == before, f"files changed: {sorted(set(after.items()) ^ set(before.items()))[:5]}"
+
+
+def _sys_refuses_writes() -> bool:
+    try:
+        Path("/sys/bertkit-contract-test").mkdir()
+    except OSError:
+        return True
+    Path("/sys/bertkit-contract-test").rmdir()
+    return False
