@@ -87,6 +87,7 @@ def test_classify_end_to_end_with_transformers_parity(tmp_path, base_dir):
     assert records[-1]["train_loss"] < 0.5 * records[0]["train_loss"]
     assert result["status"] == "done" and result["metric"] == "accuracy"
     assert result["eval"]["accuracy"] >= 0.9  # keyword sentiment is easy once learned
+    assert result["data"]["labels"] == "labels: 2 classes (neg, pos) from column 'label'"
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"} and config["label2id"] == {"neg": 0, "pos": 1}
     saved = json.loads((out / "finetune_config.json").read_text())
@@ -125,6 +126,12 @@ def test_pair_regression_inferred_from_float_labels(tmp_path, base_dir):
     result = ft.finetune("pair", base_dir, train, out, eval_file=train, epochs=3, text_column="s1",
                          pair_column="s2", label_column="y", **FAST)
     assert result["metric"] == "mse" and "pearson" in result["eval"]
+    assert result["data"]["labels"].startswith("regression: numeric labels from column 'y'")
+    # a pair model refuses single texts (a .txt file: one text a line)
+    lines = tmp_path / "single.txt"
+    lines.write_text("the film was good\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds single texts .* the model is for text pairs"):
+        ft.predict(out, lines, tmp_path / "pred.jsonl", progress=False)
     config = json.loads((out / "config.json").read_text())
     assert config["problem_type"] == "regression" and len(config["id2label"]) == 1
     records = epochs_of(out)

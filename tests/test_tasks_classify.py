@@ -117,3 +117,64 @@ def test_window_spans_follow_run_squad():
     assert window_spans(0, 4, 2) == [(0, 0)]
     with pytest.raises(ValueError, match="doc stride 5"):
         window_spans(10, 4, 5)
+
+
+# ------------------------------------------------------------------------- ambiguous label files
+def _examples(labels):
+    return [ClassifyExample("t", None, label, f"train.csv:{i + 2}") for i, label in enumerate(labels)]
+
+
+def test_a_few_non_integers_among_integers_are_refused_with_the_fix():
+    labels = ["0", "1", "2"] * 10 + [2.5]  # 1 of 31: a typo, or regression targets?
+    with pytest.raises(ValueError, match=r"column 'label': 1 of 31 labels are non-integer numbers "
+                                         r"\(train.csv:32 \(2.5\)\).*--problem-type regression"):
+        LabelSpace.infer(_examples(labels))
+    assert LabelSpace.infer(_examples(labels), "regression").regression
+    assert LabelSpace.infer(_examples(labels), "single_label_classification").names == ["0", "1", "2", "2.5"]
+    # Scores such as STS-B's (mostly non-integers, some whole numbers) are regression.
+    assert LabelSpace.infer(_examples([0.4, "5", 3.8, 1.2, "0", 2.6])).regression
+
+
+def test_numbers_mixed_with_names_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"column 'y' mixes numbers and names as labels: 1 number "
+                                         r"\(e.g. '1' at train.csv:5\) and 3 names.*--problem-type "
+                                         "single_label_classification"):
+        LabelSpace.infer(_examples(["pos", "neg", "pos", "1"]), column="y")
+    with pytest.raises(ValueError, match="mixes numbers and names"):
+        LabelSpace.infer(_examples(["pos", "neg", 0.5]))
+    assert LabelSpace.infer(_examples(["pos", "neg", "1"]), "single_label_classification").names == \
+        ["1", "neg", "pos"]
+
+
+def test_what_was_inferred_is_said():
+    assert LabelSpace.infer(_examples(["pos", "neu", "neg"])).describe() == \
+        "labels: 3 classes (neg, neu, pos) from column 'label'"
+    assert LabelSpace.infer(_examples([0.5, 1.5])).describe("y").startswith(
+        "regression: numeric labels from column 'y'")
+    many = LabelSpace.infer(_examples([str(i) for i in range(30)]))
+    assert "(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, …)" in many.describe()
+    assert "--problem-type regression" in many.describe()
+
+
+def test_a_row_with_an_extra_field_is_refused_naming_it(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\nfine,pos\ngood, film,pos\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{path}:3: 3 fields where the header has 2 \('text', "
+                                         r"'label'\); the extra field is 'pos'.*must be quoted"):
+        read_classify(path)
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("text\tlabel\nfine\tpos\textra\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train.tsv:2: 3 fields.*extra field is 'extra'"):
+        read_classify(tsv)
+
+
+def test_pair_task_and_single_texts_do_not_mix(tmp_path):
+    single = tmp_path / "single.jsonl"
+    single.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="no row has a second text .*'text_pair'.*--task classify"):
+        read_classify(single, pair=True)
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("text,text_pair,label\na,b,x\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"pairs.csv:2: a second text in column 'text_pair'.*--task pair"):
+        read_classify(pairs)
+    assert read_classify(pairs, pair=True)[0][0].text_pair == "b"

@@ -203,11 +203,18 @@ class ClassifyTask:
         if found:
             return found
         if not labelled_rows and str(spec).endswith(".txt"):
+            if self.pair:  # a line is one text; a pair model would silently see half its input
+                raise ValueError(f"{spec}: a .txt file holds single texts (one a line), but the model "
+                                 "is for text pairs (task pair); give a CSV / TSV / JSONL file with "
+                                 f"columns {self.config.text_column!r} and {self.config.pair_column!r}")
             return _read_text_lines(spec, lambda text, where: classify.ClassifyExample(text, None, None, where))
         return classify.read_classify(spec, pair=self.pair, columns=self.columns, labelled=labelled_rows)
 
     def setup_labels(self, train: Sequence, known: dict[str, int] | None) -> dict[str, Any]:
-        self.space = classify.LabelSpace.infer(train, self.config.problem_type, known)
+        self.space = classify.LabelSpace.infer(train, self.config.problem_type, known,
+                                               column=self.config.label_column)
+        self.notes["labels"] = self.space.describe(self.config.label_column)
+        log.info("%s", self.notes["labels"])  # say what was inferred: it decides the head
         return {"id2label": self.space.id2label, "label2id": self.space.label2id,
                 "problem_type": "regression" if self.space.regression else "single_label_classification"}
 

@@ -2,8 +2,17 @@
 
 Input files are CSV, TSV (both with a header row) or JSONL, with a text column, for pairs a second
 text column, and a label column (names configurable). Labels may be strings or integers (classes)
-or numbers (regression: asked for with `problem_type="regression"`, or inferred when a label is
-not an integer).
+or numbers (regression: asked for with `problem_type="regression"`, or inferred when at least 10%
+of the labels are non-integer numbers and the rest are numbers too).
+
+Files that could mean two things are refused with the fix rather than read one way silently:
+- a few non-integer numbers among integer labels (a typo, or regression targets?) and numbers
+  mixed with class names: pass `--problem-type` to say which, or fix the rows;
+- a CSV / TSV row with more fields than the header: a text holding the delimiter that is not
+  quoted, whose fields would shift into the label column. pandas (`read_csv`) and 🤗 datasets
+  refuse such a row too ("Expected 2 fields in line 3, saw 3");
+- single texts for a pair task (no row has the second text) and a second-text column for a
+  single-text task.
 
 Long inputs. Training truncates each example to `max_length` tokens (for pairs the longer text
 loses tokens first). Prediction reads everything: a text longer than one window is cut into
@@ -77,13 +86,27 @@ def read_classify(path: str | os.PathLike, *, pair: bool = False,
     needed = [columns.text] + ([columns.text_pair] if pair else []) + ([columns.label] if labelled else [])
     examples = []
     table = row_format(path) != "jsonl"
+    rows_with_pair = 0
     for line_no, row in read_rows(path, report):
         where = f"{path}:{line_no}"
+        extra = row.pop(None, None)
+        if extra:
+            header = list(row)
+            raise ValueError(f"{where}: {len(header) + len(extra)} fields where the header has "
+                             f"{len(header)} ({', '.join(map(repr, header))}); the extra field is "
+                             f"{extra[0]!r}. A text that holds the delimiter must be quoted "
+                             '("like, this"); fix the row (the fields would shift into the label '
+                             "column)")
         missing = [c for c in needed if c not in row] if table else []
         if missing:  # a table's rows all carry its header's keys: the header lacks the column
             raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} in the header "
                              f"(columns: {', '.join(map(repr, row))}); name the columns with "
                              "--text-column / --pair-column / --label-column")
+        if not pair and row.get(columns.text_pair) is not None:
+            raise ValueError(f"{where}: a second text in column {columns.text_pair!r}, but the task "
+                             "(or model) reads single texts; pass --task pair to use both texts "
+                             "(a pair model), or remove the column")
+        rows_with_pair += row.get(columns.text_pair) is not None
         absent = [c for c in needed if row.get(c) is None]
         if absent:
             report.skip(where, f"missing {', '.join(map(repr, absent))}")
@@ -98,6 +121,10 @@ def read_classify(path: str | os.PathLike, *, pair: bool = False,
             report.skip(where, f"empty or non-finite label in column {columns.label!r}")
             continue
         examples.append(ClassifyExample(text, text_pair, label, where))
+    if pair and not rows_with_pair and report.n_skipped:
+        raise ValueError(f"{path}: no row has a second text (key {columns.text_pair!r}), but the task "
+                         "(or model) is for text pairs; name the key with --pair-column, or use "
+                         "--task classify for single texts")
     report.n_kept = len(examples)
     report.require_rows()
     return examples, report
@@ -128,19 +155,35 @@ class LabelSpace:
     def label2id(self) -> dict[str, int]:
         return {v: k for k, v in self.id2label.items()}
 
+    def describe(self, column: str = "label") -> str:
+        """One line saying what was inferred, e.g. "labels: 3 classes (neg, neu, pos) from column
+        'label'"."""
+        if self.regression:
+            return f"regression: numeric labels from column {column!r} (one output, MSE loss)"
+        shown = ", ".join(self.names[:10]) + (", …" if len(self.names) > 10 else "")
+        hint = ""
+        if len(self.names) > 20 and all(_is_int(n) for n in self.names):
+            hint = "; if these integers are scores, pass --problem-type regression"
+        return f"labels: {len(self.names)} classes ({shown}) from column {column!r}{hint}"
+
     @classmethod
     def infer(cls, examples: Sequence[ClassifyExample], problem_type: str | None = None,
-              known: dict[str, int] | None = None) -> "LabelSpace":
+              known: dict[str, int] | None = None, column: str = "label") -> "LabelSpace":
         """The label space of training examples.
 
-        problem_type: "regression", "single_label_classification" or None (regression when some
-          label is a non-integer number, classes otherwise).
+        problem_type: "regression", "single_label_classification" or None: regression when every
+          label is a number and at least 10% are non-integers, classes when there are no
+          non-integers; anything between (a few non-integers among integers, numbers mixed with
+          names) is ambiguous and raises ValueError naming the rows and `--problem-type`.
         known: a label2id from the model being fine-tuned; reused (same order, so a trained head
           keeps its meaning) when it names every training label.
+        column: the label column's name, for messages.
         Classes are sorted: numerically when all are integers (so 0..K-1 keep their ids), else
         alphabetically.
         """
         values = [e.label for e in examples]
+        if problem_type is None:
+            _check_unambiguous(examples, column)
         if problem_type == "regression" or (problem_type is None and any(isinstance(v, float) for v in values)):
             bad = [e for e in examples if _as_float(e.label) is None]
             if bad:
@@ -185,6 +228,34 @@ class LabelSpace:
                              f"{', '.join(map(repr, self.names))}); add training examples of "
                              "these labels or remove the rows")
         return [index[str(e.label)] for e in examples]
+
+
+# Below this share of non-integer labels among numbers, the non-integers look like typos in a
+# classification file, not regression targets (STS-B's similarity scores: most are non-integers).
+MIN_REGRESSION_SHARE = 0.1
+
+
+def _check_unambiguous(examples: Sequence[ClassifyExample], column: str) -> None:
+    """Refuse labels that could mean classes or regression (see `LabelSpace.infer`)."""
+    floats = [e for e in examples if isinstance(e.label, float)]
+    integers = [e for e in examples if isinstance(e.label, str) and _is_int(e.label)]
+    names = [e for e in examples if isinstance(e.label, str) and not _is_int(e.label)]
+    numbers = floats or integers
+    if names and numbers:
+        n_numbers = len(floats) + len(integers)
+        raise ValueError(
+            f"column {column!r} mixes numbers and names as labels: {n_numbers} "
+            f"number{'s' if n_numbers > 1 else ''} (e.g. {numbers[0].label!r} at {numbers[0].where}) "
+            f"and {len(names)} name{'s' if len(names) > 1 else ''} (e.g. {names[0].label!r} at "
+            f"{names[0].where}); fix the rows, or pass --problem-type single_label_classification "
+            "to take every value as a class name")
+    if floats and len(floats) < MIN_REGRESSION_SHARE * len(examples):
+        where = ", ".join(f"{e.where} ({e.label!r})" for e in floats[:3])
+        raise ValueError(
+            f"column {column!r}: {len(floats)} of {len(examples)} labels are non-integer numbers "
+            f"({where}{', …' if len(floats) > 3 else ''}), the rest integers: classes or "
+            "regression? Pass --problem-type regression to learn the numbers, or fix those rows "
+            "(or pass --problem-type single_label_classification to make each value a class)")
 
 
 def _as_float(value: Any) -> float | None:

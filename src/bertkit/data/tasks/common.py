@@ -58,7 +58,9 @@ def read_rows(path: str | os.PathLike, report: DataReport) -> Iterator[tuple[int
     """Yield (line number, row dict) from a CSV / TSV (header row) or JSONL (one object a line) file.
 
     Blank lines are ignored. A CSV/TSV row has every header key; fields a short row lacks are None
-    (the caller reports them). An undecodable JSONL line is reported here and skipped.
+    (the caller reports them), and fields past the header's are listed under the key None, as
+    `csv.DictReader` does (the caller refuses them). An undecodable JSONL line is reported here
+    and skipped.
     """
     path = Path(path)
     text = read_text(path)
@@ -83,7 +85,10 @@ def read_rows(path: str | os.PathLike, report: DataReport) -> Iterator[tuple[int
         line_no = reader.line_num + 1
         for fields in reader:
             if any(x.strip() for x in fields):
-                yield line_no, dict(zip(header, fields + [None] * (len(header) - len(fields))))
+                row = dict(zip(header, fields + [None] * (len(header) - len(fields))))
+                if len(fields) > len(header):
+                    row[None] = fields[len(header):]
+                yield line_no, row
             line_no = reader.line_num + 1
 
 
