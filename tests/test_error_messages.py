@@ -79,6 +79,20 @@ def test_predict_on_a_model_without_labels_or_of_another_kind(tmp_path):
     BertForSequenceClassification(tiny().replace(num_labels=2)).save_pretrained(clf)
     with pytest.raises(ValueError, match="is a sequence classifier.*pass --task classify"):
         predict(clf, tmp_path / "in.txt", tmp_path / "p.jsonl", task="ner")
+    # A config.json naming no architecture and no labels (once a TypeError on None).
+    bare = tmp_path / "bare"
+    BertModel(tiny()).save_pretrained(bare)
+    values = json.loads((bare / "config.json").read_text())
+    del values["architectures"]
+    (bare / "config.json").write_text(json.dumps(values))
+    from bertkit.tokenizer import BertTokenizer
+
+    (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in
+                                                ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
+    BertTokenizer.from_pretrained(tmp_path / "vocab.txt").save_pretrained(bare)
+    (tmp_path / "in.txt").write_text("a\n")
+    with pytest.raises(ValueError, match="has no labels .*not a fine-tuned classifier"):
+        predict(bare, tmp_path / "in.txt", tmp_path / "p.jsonl", task="classify", progress=False)
     assert not (tmp_path / "p.jsonl").exists()
 
 
