@@ -58,7 +58,9 @@ def test_meta_and_splits(prepared):
     assert train.meta["token_dtype"] == "uint16"
     assert (train.num_instances, held_out.num_instances) == (stats.instances["train"],
                                                             stats.instances["eval"])
-    total = stats.corpus["documents"]  # 149 articles
+    # 149 articles; the longest (6.6% of the text, more than the 5% held out) is cut in sections
+    assert stats.sections == {"documents": 1, "sections": 2, "max_tokens": stats.sections["max_tokens"]}
+    total = stats.corpus["documents"] + 1
     assert stats.documents == {"train": total - round(total * 0.05), "eval": round(total * 0.05)}
     assert abs(stats.is_next_fraction - 0.5) < 0.05
     assert train.tokenizer_dir == out / "tokenizer"
@@ -274,3 +276,24 @@ def test_cli_commands(corpus_file, minilm_dir, tmp_path, capsys):
     assert cli.main(["mask-demo", "the cat sat on the mat with another cat", "--tokenizer",
                      str(minilm_dir), "--seed", "1"]) == 0
     assert "position" in capsys.readouterr().out
+
+
+def test_paragraph_files_are_not_held_out_whole(tmp_path, minilm_dir):
+    """Three files in `format="paragraphs"` are three documents; holding out one of them would
+    take a third of the tokens. Large documents are cut into sections first (issue 13, item 7)."""
+    articles = load_corpus("builtin:bbc-news").documents[:150]
+    sources = tmp_path / "books"
+    sources.mkdir()
+    for k in range(3):  # 50 articles a file, paragraphs separated by blank lines
+        text = "\n\n".join(" ".join(doc) for doc in articles[k::3])
+        (sources / f"book{k}.txt").write_text(text + "\n", encoding="utf-8")
+    stats = prepare(sources, minilm_dir, tmp_path / "data", max_seq_len=64, eval_fraction=0.01,
+                    seed=3, progress=False, corpus_format="paragraphs")
+    held_out = stats.tokens["eval"] / (stats.tokens["train"] + stats.tokens["eval"])
+    assert 0.005 <= held_out <= 0.015, held_out  # about 1%, not 33%
+    assert stats.sections["documents"] == 3 and stats.sections["sections"] > 100
+    assert "cut at sentence boundaries" in stats.summary()
+    assert PretrainingData(tmp_path / "data").meta["sections"] == stats.sections
+    # Ordinary documents, small against the held-out share, are held out whole as before.
+    assert prepare(sources, minilm_dir, tmp_path / "lines", max_seq_len=64, eval_fraction=0.05,
+                   seed=3, progress=False).sections is None

@@ -7,7 +7,9 @@ skipped), glob patterns (`data/*.txt`, `**` allowed), and built-in corpora `buil
 File formats (`format=`):
   lines       BERT's layout: one sentence per line, a blank line between documents. A line holding
               several sentences is split (set split_sentences=False to keep lines as they are).
-  paragraphs  one file = one document; each line / paragraph is split into sentences.
+  paragraphs  one file = one document; each line / paragraph is split into sentences. (`prepare`
+              cuts a document larger than the held-out share into sections, so that a few
+              files are not held out whole.)
   jsonl       one JSON object per line = one document; its `text_field` holds a string (split into
               sentences at line breaks and sentence ends) or a list of strings (the sentences).
   auto        jsonl for .jsonl / .json / .ndjson files, lines for everything else.

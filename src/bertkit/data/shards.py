@@ -75,6 +75,9 @@ class PrepareStats:
     corpus: dict[str, Any]
     # read, tokenize, instances (building them and writing the shards), total
     seconds: dict[str, float] = field(default_factory=dict)
+    # Documents too large for the held-out share, cut into sections (see `_cut_large_documents`):
+    # {"documents", "sections", "max_tokens"}; None when nothing was cut.
+    sections: dict[str, int] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,6 +89,12 @@ class PrepareStats:
             lines.append(f"  {split:5}: {self.documents[split]} documents, {self.sentences[split]} "
                          f"sentences, {self.tokens[split]} tokens -> {self.instances[split]} "
                          "instances")
+        if self.sections:
+            s = self.sections
+            lines.append(f"  held-out split: {s['documents']} documents of more than {s['max_tokens']} "
+                         f"tokens were cut at sentence boundaries into {s['sections']} sections, "
+                         "each counted as a document above, so that the held-out share of tokens "
+                         "is near eval_fraction")
         if self.is_next_fraction is not None:
             lines.append(f"  IsNext share: {self.is_next_fraction:.3f}")
         skipped = self.corpus.get("skipped") or {}
@@ -113,7 +122,10 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
     static_masking fixes the masks here (mlm_probability, max_predictions_per_seq, default
     round(max_seq_len × mlm_probability)); otherwise `PretrainingBatches` draws new ones each epoch.
     whole_word_mask: WordPiece words, and jieba words for Chinese, are masked as a whole.
-    eval_fraction of the documents (at least one when > 0) is held out as the "eval" split.
+    eval_fraction of the documents (at least one when > 0) is held out as the "eval" split. A
+    document of more than that share of the tokens (a whole file in `format="paragraphs"`)
+    is first cut at sentence boundaries into sections that each count as a document, so that the
+    held-out share of tokens stays near eval_fraction; the summary says so.
     workers: processes for Chinese word segmentation; tokenization uses the tokenizer's threads.
     Refuses a non-empty out_dir unless overwrite=True (then only our own files there are replaced).
     """
@@ -147,6 +159,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
                 "max_predictions_per_seq": max_predictions_per_seq,
                 "eval_fraction": eval_fraction, "seed": seed}
     masker = _StaticMasker(tokenizer, settings) if static_masking else None
+    docs, sections = _cut_large_documents(docs, eval_fraction)
     split_docs = _split_documents(docs.num_documents, eval_fraction, seed)
     splits_meta: dict[str, Any] = {}
     counts: dict[str, dict[str, int]] = {k: {} for k in ("documents", "sentences", "tokens",
@@ -182,6 +195,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
         "special_ids": sorted(tokenizer.special_ids),
         "settings": settings,
         "counts": counts,
+        "sections": sections,
         "corpus": corpus.stats.to_dict(),
         "splits": splits_meta,
     }
@@ -192,7 +206,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
         out_dir=out, documents=counts["documents"], sentences=counts["sentences"],
         tokens=counts["tokens"], instances=counts["instances"],
         is_next_fraction=(sum(counts["is_next"].values()) / n_nsp) if n_nsp else None,
-        corpus=corpus.stats.to_dict(), seconds=seconds)
+        corpus=corpus.stats.to_dict(), seconds=seconds, sections=sections)
 
 
 def _check_prepare_args(max_seq_len: int, short_seq_prob: float, dupe_factor: int,
@@ -256,6 +270,47 @@ def _clear_out_dir(out: Path) -> None:
 def _derive_seed(*parts: Any) -> int:
     """An independent 64-bit seed per purpose, stable across runs and Python versions."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+def _cut_large_documents(docs: TokenizedDocuments,
+                         eval_fraction: float) -> tuple[TokenizedDocuments, dict[str, int] | None]:
+    """Cut documents too large for a held-out split near `eval_fraction` into sections.
+
+    The split holds out whole documents, so a document of more than the eval share of the tokens
+    overshoots it: three files read as three documents (`format="paragraphs"`) with
+    eval_fraction 0.01 held out 42% of the tokens. A document of more than the eval share is
+    cut at sentence boundaries into sections of at most that many tokens (a longer sentence stays
+    whole); each section is then a document, for the split and for NSP, whose "next sentence"
+    never crosses a cut. Corpora of many ordinary documents are left as they are.
+    Returns (documents, {"documents": cut, "sections": made, "max_tokens": limit} or None).
+    """
+    if eval_fraction <= 0 or docs.num_documents == 0:
+        return docs, None
+    limit = max(1, int(eval_fraction * docs.num_tokens))
+    lengths = np.diff(docs.sentence_offsets)  # (S,) tokens per sentence
+    offsets, n_cut, n_sections = [0], 0, 0
+    for d in range(docs.num_documents):
+        sentences = docs.sentence_range(d)
+        if int(lengths[sentences.start:sentences.stop].sum()) <= limit:
+            offsets.append(sentences.stop)
+            continue
+        n_cut += 1
+        size = 0
+        for s in sentences:
+            if size and size + lengths[s] > limit:  # close the section before this sentence
+                offsets.append(s)
+                n_sections += 1
+                size = 0
+            size += int(lengths[s])
+        offsets.append(sentences.stop)
+        n_sections += 1
+    if not n_cut:
+        return docs, None
+    cut = TokenizedDocuments(docs.token_ids, docs.sentence_offsets,
+                             np.asarray(offsets, dtype=np.int64), docs.word_starts)
+    logger.info("held-out split: %d documents of more than %d tokens cut into %d sections",
+                n_cut, limit, n_sections)
+    return cut, {"documents": n_cut, "sections": n_sections, "max_tokens": limit}
 
 
 def _split_documents(num_documents: int, eval_fraction: float, seed: int) -> dict[str, list[int]]:
