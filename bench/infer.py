@@ -534,7 +534,8 @@ PEER_INFO: dict[str, dict] = {}
 def run_ours_embed(model_dir: Path, texts: list[str], precision: str, max_length: int,
                    args: argparse.Namespace, **embed_options) -> tuple[list[float], np.ndarray, str]:
     from bertkit.inference import Engine, embed
-    engine = Engine.load(model_dir, precision=precision, threads=args.threads, max_length=max_length)
+    engine = Engine.load(model_dir, task="embed", precision=precision, threads=args.threads,
+                         max_length=max_length)
     seconds, out = timed_passes(lambda t: embed(engine, t, **embed_options), texts, args.repeats)
     return seconds, np.asarray(out, np.float32), f"bertkit embed ({engine.precision})"
 
@@ -542,7 +543,7 @@ def run_ours_embed(model_dir: Path, texts: list[str], precision: str, max_length
 def run_ours_rerank(model_dir: Path, groups: list, precision: str,
                     args: argparse.Namespace) -> tuple[list[float], np.ndarray, str]:
     from bertkit.inference import Engine, rerank
-    engine = Engine.load(model_dir, precision=precision, threads=args.threads,
+    engine = Engine.load(model_dir, task="rerank", precision=precision, threads=args.threads,
                          max_length=BASE_MAX_LENGTH)
 
     def run(batch_groups: list) -> np.ndarray:
@@ -668,9 +669,9 @@ def print_rows(rows: list[Row], unit: str, peer_name: str) -> None:
     for r in rows:
         print(f"  {r.name:34} {r.items_per_s:9,.1f} {r.tokens_per_s:9,.0f} {r.mfu:6.1%}  "
               f"{_diff(r.vs_ours_fp32):>22}  {_diff(r.vs_peer_fp32):>22}")
-    notes = "; ".join(f"{r.name}: {r.note}" for r in rows if r.peer)
-    if notes:
-        print(f"  ({notes})")
+    for r in rows:
+        if r.peer:
+            print(f"    {r.name}: {r.note}")
     print("  (differences: max |Δ| / min cosine; for scores: max |Δ| / queries with the same best document"
           " / min Spearman of a query's ranking)")
 
@@ -741,7 +742,8 @@ def main(argv: list[str] | None = None) -> None:
     peaks = {k: max(peaks[k], after[k]) for k in peaks}
     print(f"peaks, higher of before and after: fp32 {peaks['fp32']:,.0f} GFLOP/s, bf16 "
           f"{peaks['bf16']:,.0f}, int8 {peaks['int8']:,.0f} GOP/s")
-    report = {"threads": args.threads, "peaks": peaks, "cpu": cpu, "workloads": {}}
+    report = {"command": sys.argv, "args": {k: v for k, v in vars(args).items() if k not in ("worker", "spec")},
+              "threads": args.threads, "peaks": peaks, "cpu": cpu, "workloads": {}}
     for w, (rows, title, peer_ref) in done.items():
         for r in rows:
             r.finish(peaks)
