@@ -1,11 +1,12 @@
 """The CLI error contract, over every command × every class of bad input.
 
 For each command of `bertkit.cli` (taken from the parser, so a new command joins the matrix: it
-fails `test_every_command_has_a_contract_spec` until it has a `SPECS` entry) and each bad-input
-class, `bertkit.cli.main` must return 2, print exactly one error line `bertkit CMD: error: ...`
+fails `test_every_command_has_a_contract_spec` until it has a `SPECS` or `FILE_FORMS` entry) and
+each bad-input class, `bertkit.cli.main` must return 2, print exactly one error line `bertkit CMD: error: ...`
 naming the bad value, no traceback, and leave every file as it was: nothing the user had is
-overwritten or deleted, and no partial output is left. A command that takes no input of a class
-is skipped for it with the reason from `NOT_APPLICABLE`, which a test also checks.
+overwritten or deleted, and no partial output is left. A command that takes no argument of a
+class is skipped for it with the reason from `not_applicable` / `SPECIAL_CASES`, which a test also
+checks.
 
 Unwritable output: chmod cannot stop root, so the output goes under /sys, which refuses new
 entries to root as well (EACCES; EROFS in most containers).
@@ -90,29 +91,67 @@ SPECS: dict[str, Spec] = {
                      existing=["zh-sentiment.train.jsonl"]),
 }
 
-# (command, case) → why the case does not apply. Checked by `test_not_applicable_is_explained`.
-NOT_APPLICABLE: dict[tuple[str, str], str] = {}
-for _name, _spec in SPECS.items():
-    if _spec.out is None:
-        for _case in ("unwritable_output", "output_under_file", "existing_output"):
-            NOT_APPLICABLE[(_name, _case)] = "writes no files (prints to stdout)"
-    if _spec.input_suffix is None:
-        for _case in ("non_utf8_input", "binary_input"):
-            NOT_APPLICABLE[(_name, _case)] = "reads no input file (texts come from the command line)"
-    if _spec.model_default is None:
-        for _case in ("wrong_model_kind", "truncated_weights"):
-            NOT_APPLICABLE[(_name, _case)] = "takes no model directory"
-    elif not _spec.reads_weights:
-        NOT_APPLICABLE[(_name, "truncated_weights")] = "reads only the tokenizer files, not weights"
-    if _spec.input_suffix is None and _spec.model_default is None:
-        NOT_APPLICABLE[(_name, "missing_input")] = "reads no input at all"
-    if _spec.input_suffix is None and _spec.out != "file":
-        NOT_APPLICABLE.setdefault((_name, "dir_for_file"), "has no file argument")
-for _name in ("tokenizer train", "prepare"):
+
+def _use(name: str, model: str, *extra: str, input_default: str = "TEXTS",
+         input_suffix: str = ".txt") -> Spec:
+    return Spec([name, "{MODEL}", "--input", "{INPUT}", "--out", "{OUT}", "--no-progress", *extra],
+                out="file", existing=["results.jsonl"], input_suffix=input_suffix,
+                input_default=input_default, model_default=model)
+
+
+# The uses of a model over a file (--input FILE --out FILE): tested in this form wherever the
+# command's parser has --input, which also reads and writes files the way SPECS' forms do not.
+FILE_FORMS: dict[str, Spec] = {
+    "embed": _use("embed", "PT"),
+    "fill-mask": _use("fill-mask", "PT", input_default="MASK_TEXTS"),
+    "classify": _use("classify", "CLF"),
+    "ner": _use("ner", "NER"),
+    "qa": _use("qa", "QA", input_default="QA_ROWS", input_suffix=".jsonl"),
+    "rerank": _use("rerank", "RERANK", "--query", "a cat"),
+}
+
+# (command, case) → why, where the rules in `not_applicable` do not say it already.
+SPECIAL_CASES: dict[tuple[str, str], str] = {
     # A corpus source may be a directory (its files are read), so a directory is not wrong there.
-    NOT_APPLICABLE[(_name, "dir_for_file")] = "a directory is a valid corpus source"
-NOT_APPLICABLE[("quickstart", "missing_input")] = "its corpus is built in"
-NOT_APPLICABLE[("datasets", "missing_input")] = "its data are built in"
+    ("tokenizer train", "dir_for_file"): "a directory is a valid corpus source",
+    ("prepare", "dir_for_file"): "a directory is a valid corpus source",
+    ("quickstart", "missing_input"): "its corpus is built in",
+    ("datasets", "missing_input"): "its data are built in",
+}
+
+
+def has_option(command: str, option: str) -> bool:
+    parser = cli.command_parsers(cli.build_parser()).get(command)
+    return parser is not None and any(option in a.option_strings for a in parser._actions)
+
+
+def spec_for(command: str) -> Spec:
+    """The command's file form where it reads --input files, else its SPECS entry."""
+    if command in FILE_FORMS and (command not in SPECS or has_option(command, "--input")):
+        return FILE_FORMS[command]
+    return SPECS[command]
+
+
+def not_applicable(command: str, spec: Spec) -> dict[str, str]:
+    """case → why `command` cannot be tried with it (it has no argument of that kind)."""
+    skip = {}
+    if spec.out is None:
+        for case in ("unwritable_output", "output_under_file", "existing_output"):
+            skip[case] = "writes no files (prints to stdout)"
+    if spec.input_suffix is None:
+        for case in ("non_utf8_input", "binary_input"):
+            skip[case] = "reads no input file (texts come from the command line)"
+    if spec.model_default is None:
+        for case in ("wrong_model_kind", "truncated_weights"):
+            skip[case] = "takes no model directory"
+    elif not spec.reads_weights:
+        skip["truncated_weights"] = "reads only the tokenizer files, not weights"
+    if spec.input_suffix is None and spec.model_default is None:
+        skip["missing_input"] = "reads no input at all"
+    if spec.input_suffix is None and spec.out != "file":
+        skip["dir_for_file"] = "has no file argument"
+    skip.update({case: why for (name, case), why in SPECIAL_CASES.items() if name == command})
+    return skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +160,8 @@ NOT_APPLICABLE[("datasets", "missing_input")] = "its data are built in"
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> dict[str, Path]:
     from bertkit.config import BertConfig
+    from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,
+                               BertForTokenClassification)
     from bertkit.model import BertForPreTraining
     from bertkit.tokenizer import BertTokenizer
     from bertkit.train import finetune as ft
@@ -154,9 +195,24 @@ def assets(tmp_path_factory) -> dict[str, Path]:
                                                    "lr": 1e-4}) + "\n", encoding="utf-8")
     tokenizer_only = root / "tokenizer_only"
     shutil.copytree(tokenizer_dir, tokenizer_only)
+    # Untrained heads of the other uses: the contract concerns inputs, not answers.
+    config = BertConfig(**{**TINY_MODEL, "vocab_size": vocab})
+    heads = {"NER": BertForTokenClassification(config.replace(id2label={0: "O", 1: "B-X", 2: "I-X"})),
+             "QA": BertForQuestionAnswering(config),
+             "RERANK": BertForSequenceClassification(config.replace(num_labels=1))}
+    for name, model in heads.items():
+        model.save_pretrained(root / name.lower())
+        BertTokenizer.from_pretrained(tokenizer_dir).save_pretrained(root / name.lower())
+    mask_texts = root / "mask_texts.txt"
+    mask_texts.write_text("the cat [MASK] the ball\n", encoding="utf-8")
+    qa_rows = root / "qa.jsonl"
+    qa_rows.write_text(json.dumps({"question": "what does the cat see?",
+                                   "context": "the cat sees the red ball."}) + "\n", encoding="utf-8")
     torch.set_num_threads(before)
     return {"PT": pt, "CLF": clf, "DATA": data, "TRAIN": train, "TEXTS": texts, "CORPUS": corpus,
-            "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only}
+            "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only,
+            "MASK_TEXTS": mask_texts, "QA_ROWS": qa_rows,
+            **{name: root / name.lower() for name in heads}}
 
 
 def snapshot(*roots: Path) -> dict[str, tuple]:
@@ -204,8 +260,8 @@ def build_argv(spec: Spec, case: str, assets: dict[str, Path], tmp: Path) -> tup
     """The command line for `case`, and the value the error message must name."""
     values = {name: str(path) for name, path in assets.items()}
     values["OUT"] = str(tmp / ("out.png" if spec.argv[0] == "plot" else "out"))
-    if spec.out == "file" and spec.argv[0] == "predict":
-        values["OUT"] = str(tmp / "predictions.jsonl")
+    if spec.out == "file" and spec.argv[0] != "plot":
+        values["OUT"] = str(tmp / spec.existing[0])
     if spec.input_default:
         values["INPUT"] = values[spec.input_default]
     if spec.model_default:
@@ -254,31 +310,38 @@ def build_argv(spec: Spec, case: str, assets: dict[str, Path], tmp: Path) -> tup
 # ---------------------------------------------------------------------------------------------
 # the matrix
 # ---------------------------------------------------------------------------------------------
+KNOWN = sorted(set(SPECS) | set(FILE_FORMS))
+
+
 def test_every_command_has_a_contract_spec():
     commands = set(cli.command_parsers(cli.build_parser()))
-    missing = sorted(commands - set(SPECS))
-    assert not missing, (f"commands without an entry in tests/test_cli_contract.py SPECS: {missing}; "
-                         "add one so the error contract is tested for them")
-    assert not set(SPECS) - commands, f"SPECS names commands that no longer exist: {set(SPECS) - commands}"
+    missing = sorted(commands - set(KNOWN))
+    assert not missing, (f"commands without an entry in tests/test_cli_contract.py SPECS or "
+                         f"FILE_FORMS: {missing}; add one so the error contract is tested for them")
 
 
 def test_not_applicable_is_explained():
     """Every skip names a real command and case and says why; no command skips everything."""
-    for (name, case), why in NOT_APPLICABLE.items():
-        assert name in SPECS and case in CASES and len(why) > 10
-    for name in SPECS:
-        assert any((name, case) not in NOT_APPLICABLE for case in CASES), name
+    for (name, case), why in SPECIAL_CASES.items():
+        assert name in KNOWN and case in CASES and len(why) > 10
+    for name in cli.command_parsers(cli.build_parser()):
+        skip = not_applicable(name, spec_for(name))
+        assert set(skip) <= set(CASES) and all(len(why) > 10 for why in skip.values())
+        assert len(skip) < len(CASES), f"{name} is tried with no bad input at all"
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("command", sorted(SPECS))
+@pytest.mark.parametrize("command", KNOWN)
 def test_contract(command, case, assets, tmp_path, capsys, monkeypatch):
-    if (command, case) in NOT_APPLICABLE:
-        pytest.skip(f"{command}: {NOT_APPLICABLE[(command, case)]}")
+    if command not in cli.command_parsers(cli.build_parser()):
+        pytest.skip(f"{command}: not a command of this version of the CLI")
+    spec = spec_for(command)
+    why = not_applicable(command, spec).get(case)
+    if why:
+        pytest.skip(f"{command}: {why}")
     if case == "unwritable_output" and not _sys_refuses_writes():
         pytest.skip("/sys accepts new files here; no unwritable location to test with")
     monkeypatch.chdir(tmp_path)
-    spec = SPECS[command]
     argv, named = build_argv(spec, case, assets, tmp_path)
     before = snapshot(tmp_path, assets["PT"].parent)
     threads = torch.get_num_threads()
