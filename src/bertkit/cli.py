@@ -36,21 +36,132 @@ def _run_info(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# fill-mask
+# the uses of a model: embed, fill-mask, classify, ner, qa, rerank (one inference engine)
 # ---------------------------------------------------------------------------------------------
-def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fill-mask", help="top-k candidates with probabilities for each [MASK]")
-    p.add_argument("model", help="model dir with an MLM head (ours or Hugging Face's) and tokenizer files")
-    p.add_argument("texts", nargs="+", help='texts containing [MASK], e.g. "Paris is the [MASK] of France."')
-    p.add_argument("--top-k", type=int, default=5)
+def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: str,
+             texts: bool = True) -> argparse.ArgumentParser:
+    """A use's parser with what every use shares: the model, texts or --input/--out, the engine."""
+    p = sub.add_parser(name, help=help, description=help + ". Texts on the command line print "
+                       "results; --input FILE (txt: a text a line; jsonl; csv/tsv with a header) "
+                       "--out FILE streams a file of any size (bad rows named and skipped; "
+                       "--resume continues a killed run; under torchrun the ranks split the input).")
+    p.add_argument("model", help=model_help)
+    if texts:
+        p.add_argument("texts", nargs="*", help="texts (or give --input)")
+    p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
+    p.add_argument("--out", help="output file for --input: .jsonl (or .npy for embed)")
+    p.add_argument("--text-field", default="text", help="jsonl key / csv column of the text (text)")
+    p.add_argument("--resume", action="store_true", help="continue a killed --input run")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="fp32",
+                   help="fp32 (default, exact); bf16; int8 (dynamic, per-token; CPU); auto = the "
+                   "faster of fp32 and bf16, measured on this machine")
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="real tokens per batch (8192)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per input (default: the model's limit)")
+    p.add_argument("--no-truncate", action="store_false", dest="truncate",
+                   help="refuse inputs over the limit instead of truncating them with a warning")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
+    return p
+
+
+def _engine(args: argparse.Namespace, task: str):
+    from bertkit.inference import Engine
+
+    return Engine.load(args.model, task=task, precision=args.precision,
+                       max_batch_tokens=args.max_batch_tokens, device=args.device,
+                       truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}))
+
+
+def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
+    """Texts or --input/--out, not both; outputs checked before any model is loaded."""
+    from bertkit.fileio import check_writable_output
+
+    texts = getattr(args, "texts", None)
+    if args.input:
+        if texts:
+            raise ValueError("give texts on the command line or --input FILE, not both")
+        if not args.out:
+            raise ValueError("--input needs --out FILE (.jsonl, or .npy for embed)")
+        if not Path(args.input).is_file():
+            raise FileNotFoundError(f"--input {args.input} does not exist or is not a file")
+        check_writable_output(args.out, overwrite=None if args.resume else args.overwrite)
+    elif need_texts and not texts:
+        raise ValueError(f"bertkit {args.command} needs texts or --input FILE --out FILE")
+    elif args.out:
+        raise ValueError("--out goes with --input FILE; texts on the command line print their results")
+
+
+def _file_job(args: argparse.Namespace, use: str, engine, pair_field: str | None = None, **options) -> None:
+    from bertkit.inference.jobs import run_use_on_file
+
+    summary = run_use_on_file(use, engine, args.input, args.out, text_field=args.text_field,
+                              pair_field=pair_field, resume=args.resume, overwrite=args.overwrite,
+                              progress=args.progress, **options)
+    skipped = summary.get("skipped", 0)
+    print(f"{summary['rows']:,} row{'' if summary['rows'] == 1 else 's'} → {summary['out']} "
+          f"({engine.precision}, {summary.get('rows_per_second') or 0:,.0f} rows/s"
+          f"{f', {skipped:,} bad row' + ('' if skipped == 1 else 's') + ' skipped' if skipped else ''})")
+    if engine.stats.truncated:
+        print(f"{engine.stats.truncated:,} input{'' if engine.stats.truncated == 1 else 's'} over "
+              f"{engine.max_length} tokens truncated")
+    print(json.dumps(summary, ensure_ascii=False, default=str))
+
+
+def _print_json(rows) -> None:
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
+
+
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "embed", "sentence embeddings (and their cosine similarities)",
+                 "model dir (any BERT checkpoint with tokenizer files)")
+    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
+                   help="default: the model's sentence-transformers pooling, else mean")
+    p.add_argument("--no-normalize", action="store_false", dest="normalize", default=None,
+                   help="keep the raw pooled vectors (default: the model's setting, else unit length)")
+    p.set_defaults(func=_run_embed)
+
+
+def _run_embed(args: argparse.Namespace) -> None:
+    from bertkit.inference import embed
+    from bertkit.inference.embed import resolve_pooling
+
+    _inputs(args)
+    engine = _engine(args, "embed")
+    if args.input:
+        return _file_job(args, "embed", engine, pooling=args.pooling, normalize=args.normalize)
+    vectors = embed(engine, args.texts, pooling=args.pooling, normalize=args.normalize)
+    if args.json:
+        return _print_json({"text": t, "embedding": v} for t, v in zip(args.texts, vectors.tolist()))
+    mode, unit = resolve_pooling(engine, args.pooling, args.normalize)
+    n = len(args.texts)
+    print(f"{n} embedding{'' if n == 1 else 's'} of size {vectors.shape[1]} ({mode} pooling"
+          f"{', unit length' if unit else ''}); cosine similarity:")
+    unit_vectors = vectors / vectors.norm(dim=-1, keepdim=True)
+    sims = unit_vectors @ unit_vectors.T
+    for i, text in enumerate(args.texts):
+        print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+
+
+def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "fill-mask", "top-k candidates with probabilities for each [MASK]",
+                 "model dir with an MLM head (ours or Hugging Face's) and tokenizer files")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--targets", nargs="+", default=None, help="score only these words")
     p.set_defaults(func=_run_fill_mask)
 
 
 def _run_fill_mask(args: argparse.Namespace) -> None:
     from bertkit.inference import fill_mask
 
-    results = fill_mask(args.model, None, args.texts, top_k=args.top_k)
+    _inputs(args)
+    engine = _engine(args, "fill-mask")
+    if args.input:
+        return _file_job(args, "fill-mask", engine, top_k=args.top_k, targets=args.targets)
+    results = fill_mask(engine, args.texts, top_k=args.top_k, targets=args.targets)
     for text, masks in zip(args.texts, results):
         if args.json:
             print(json.dumps({"text": text, "masks": [[{"token": c.token, "token_id": c.token_id, "prob": c.prob}
@@ -62,30 +173,117 @@ def _run_fill_mask(args: argparse.Namespace) -> None:
             print(f"  [MASK] {i + 1}: {shown}")
 
 
-# ---------------------------------------------------------------------------------------------
-# embed
-# ---------------------------------------------------------------------------------------------
-def _add_embed(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("embed", help="sentence embeddings and their cosine similarities")
-    p.add_argument("model", help="model dir (any BERT checkpoint with tokenizer files)")
-    p.add_argument("texts", nargs="+")
-    p.add_argument("--pooling", choices=["mean", "cls"], default="mean")
-    p.add_argument("--json", action="store_true", help="print the embeddings as JSON lists")
-    p.set_defaults(func=_run_embed)
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "classify", "labels and scores of texts or text pairs",
+                 "model dir with a sequence-classification head (e.g. made by `bertkit finetune`)")
+    p.add_argument("--pair", nargs="+", default=None, help="second texts, one per text (pair models)")
+    p.add_argument("--pair-field", default=None, help="with --input: the column of the second text")
+    p.add_argument("--function", choices=["softmax", "sigmoid", "none"], default=None,
+                   help="scores from logits (default: softmax; sigmoid for multi-label and 1-label heads)")
+    p.set_defaults(func=_run_classify)
 
 
-def _run_embed(args: argparse.Namespace) -> None:
-    from bertkit.inference import embed
+def _run_classify(args: argparse.Namespace) -> None:
+    from bertkit.inference import classify
 
-    vectors = embed(args.model, None, args.texts, pooling=args.pooling)
+    _inputs(args)
+    engine = _engine(args, "classify")
+    if args.input:
+        return _file_job(args, "classify", engine, pair_field=args.pair_field, function=args.function)
+    rows = classify(engine, args.texts, args.pair, function=args.function)
     if args.json:
-        for text, vector in zip(args.texts, vectors.tolist()):
-            print(json.dumps({"text": text, "embedding": vector}, ensure_ascii=False))
-        return
-    print(f"{len(args.texts)} embedding{'' if len(args.texts) == 1 else 's'} of size {vectors.shape[1]} ({args.pooling} pooling); cosine similarity:")
-    sims = vectors @ vectors.T
-    for i, text in enumerate(args.texts):
-        print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+        return _print_json({"text": t, **r} for t, r in zip(args.texts, rows))
+    for text, row in zip(args.texts, rows):
+        if "value" in row:
+            print(f"{row['value']:8.4f}  {text}")
+        else:
+            print(f"{row['label']:>12} {row['score']:.3f}  {text}")
+
+
+def _add_ner(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "ner", "named entities with character offsets",
+                 "model dir with a token-classification head (e.g. made by `bertkit finetune --task ner`)")
+    p.set_defaults(func=_run_ner)
+
+
+def _run_ner(args: argparse.Namespace) -> None:
+    from bertkit.inference import ner
+
+    _inputs(args)
+    engine = _engine(args, "ner")
+    if args.input:
+        return _file_job(args, "ner", engine)
+    results = ner(engine, args.texts)
+    if args.json:
+        return _print_json({"text": t, "entities": e} for t, e in zip(args.texts, results))
+    for text, entities in zip(args.texts, results):
+        print(text)
+        for e in entities:
+            print(f"  {e['type']:>6} {e['start']:>4}-{e['end']:<4} {e['score']:.3f}  {e['text']}")
+        if not entities:
+            print("  (no entities)")
+
+
+def _add_qa(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "qa", "answer spans to questions about a context (windows past the limit)",
+                 "model dir with a question-answering head (e.g. made by `bertkit finetune --task qa`)",
+                 texts=False)
+    p.add_argument("--question", nargs="+", default=None, help="questions")
+    p.add_argument("--context", default=None, help="the context (a file path or the text itself)")
+    p.add_argument("--pair-field", default="context", help="with --input: the context column (context)")
+    p.add_argument("--top-k", type=int, default=1, help="answers per question (1)")
+    p.add_argument("--max-answer-length", type=int, default=30, help="longest answer in pieces (30)")
+    p.add_argument("--allow-no-answer", action="store_true", help="SQuAD 2.0 models: may answer ''")
+    p.set_defaults(func=_run_qa, text_field="question")
+
+
+def _run_qa(args: argparse.Namespace) -> None:
+    from bertkit.inference import qa
+
+    args.texts = args.question
+    _inputs(args)
+    options = dict(top_k=args.top_k, max_answer_length=args.max_answer_length,
+                   allow_no_answer=args.allow_no_answer)
+    if not args.input and not args.context:
+        raise ValueError("qa needs --context TEXT_OR_FILE with --question, or --input FILE --out FILE")
+    engine = _engine(args, "qa")
+    if args.input:
+        return _file_job(args, "qa", engine, pair_field=args.pair_field, **options)
+    context = args.context
+    if Path(context).is_file():
+        from bertkit.data.report import read_text
+
+        context = read_text(context)
+    results = qa(engine, args.question, context, **options)
+    if args.json:
+        return _print_json({"question": q, "answers": a} for q, a in zip(args.question, results))
+    for question, answers in zip(args.question, results):
+        print(question)
+        for a in answers:
+            print(f"  {a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]")
+
+
+def _add_rerank(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "rerank", "order documents by a cross-encoder's relevance to a query",
+                 "cross-encoder dir (a sequence-classification head with one label)")
+    p.add_argument("--query", required=True)
+    p.add_argument("--top-k", type=int, default=None, help="keep the best K (default all)")
+    p.add_argument("--raw-scores", action="store_true", help="logits instead of sigmoid scores")
+    p.set_defaults(func=_run_rerank)
+
+
+def _run_rerank(args: argparse.Namespace) -> None:
+    from bertkit.inference import rerank
+
+    _inputs(args)
+    engine = _engine(args, "rerank")
+    if args.input:
+        return _file_job(args, "rerank", engine, query=args.query, raw_scores=args.raw_scores)
+    ranked = rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores)
+    if args.json:
+        return _print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
+    for r in ranked:
+        print(f"{r['score']:8.4f}  [{r['index']}] {args.texts[r['index']]}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +569,8 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
     p.add_argument("--epochs", type=int, help="passes over the training data (3)")
     p.add_argument("--batch-size", type=int, help="examples per step (32)")
-    p.add_argument("--lr", type=float, help="peak learning rate (3e-5; 2e-5…5e-5 usual)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default by model width: 1e-3 below "
+                   "hidden size 512, 1e-4 below 768, 3e-5 for base and wider)")
     p.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
     p.add_argument("--warmup-ratio", type=float, help="share of steps warming up (0.1)")
     p.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
@@ -502,8 +701,9 @@ def _run_datasets(args: argparse.Namespace) -> None:
         print(f"{split}: {path}")
 
 
-COMMANDS = [_add_info, _add_fill_mask, _add_embed, _add_pretrain, _add_plot, _add_quickstart,
-            _add_tokenizer, _add_prepare, _add_mask_demo, _add_finetune, _add_predict, _add_datasets]
+COMMANDS = [_add_info, _add_fill_mask, _add_embed, _add_classify, _add_ner, _add_qa, _add_rerank,
+            _add_pretrain, _add_plot, _add_quickstart, _add_tokenizer, _add_prepare,
+            _add_mask_demo, _add_finetune, _add_predict, _add_datasets]
 
 
 def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -17,7 +17,7 @@ from torch import nn
 
 from bertkit.checkpoint import PretrainedMixin
 from bertkit.config import BertConfig
-from bertkit.model import IGNORE_INDEX, BertModel
+from bertkit.model import IGNORE_INDEX, BertModel, Packed
 
 
 @dataclass
@@ -76,6 +76,12 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
         return ClassifierOutput(loss=loss, logits=logits)
 
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       packed: Packed) -> ClassifierOutput:
+        """Inference over packed sequences (see `BertModel.forward_packed`): logits (B, K)."""
+        pooled = self.bert.forward_packed(input_ids, token_type_ids, packed).pooler_output  # (B, H)
+        return ClassifierOutput(loss=None, logits=self.classifier(self.dropout(pooled)))
+
 
 class BertForTokenClassification(PretrainedMixin, nn.Module):
     """Every token's hidden state → dropout → linear: NER and other tagging."""
@@ -97,6 +103,12 @@ class BertForTokenClassification(PretrainedMixin, nn.Module):
         if labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
         return ClassifierOutput(loss=loss, logits=logits)
+
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       packed: Packed) -> ClassifierOutput:
+        """Inference over packed sequences: logits (N, K), one row per token in packed order."""
+        hidden = self.bert.forward_packed(input_ids, token_type_ids, packed).hidden  # (N, H)
+        return ClassifierOutput(loss=None, logits=self.classifier(self.dropout(hidden)))
 
 
 class BertForQuestionAnswering(PretrainedMixin, nn.Module):
@@ -124,6 +136,13 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
             loss = (F.cross_entropy(start_logits.float(), start, ignore_index=length)
                     + F.cross_entropy(end_logits.float(), end, ignore_index=length)) / 2
         return SpanOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)
+
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       packed: Packed) -> SpanOutput:
+        """Inference over packed sequences: start and end logits (N,) in packed order."""
+        hidden = self.bert.forward_packed(input_ids, token_type_ids, packed).hidden  # (N, H)
+        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)  # (N,) each
+        return SpanOutput(loss=None, start_logits=start_logits, end_logits=end_logits)
 
 
 class BertForMultipleChoice(PretrainedMixin, nn.Module):

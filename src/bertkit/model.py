@@ -10,6 +10,10 @@ learned absolute positions); checkpoints convert to and from Hugging Face names 
   LayerNorm runs on the N real tokens only (a packed (N, H) tensor); attention alone sees the
   padded (B, T) layout, with the padding mask. Hidden states at padding positions are returned as
   zeros — they carry no meaning in any implementation.
+- `BertModel.forward_packed` (the inference engine's path) takes sequences laid end to end and
+  computes nothing on padding, attention included: on CPU, runs of consecutive sequences of
+  equal length attend as one batched SDPA call over a view of the packed tensor; on CUDA in
+  bf16/fp16, one variable-length flash-attention call (`torch.nn.attention.varlen`).
 - Sparse MLM prediction: given MLM labels, the vocabulary projection runs only at the positions
   whose label is not -100 (as the original TensorFlow code gathers masked positions); the logits
   there equal those of the dense path; their cross-entropy (`ops.sparse_cross_entropy`) reads
@@ -57,6 +61,12 @@ def activation(name: str):
 class BertOutput:
     last_hidden_state: torch.Tensor  # (B, T, H) float; zeros at padding positions
     pooler_output: torch.Tensor | None  # (B, H) tanh(dense([CLS])); None without a pooler
+
+
+@dataclass
+class PackedOutput:
+    hidden: torch.Tensor  # (N, H) float: every real token of every sequence, in packed order
+    pooler_output: torch.Tensor | None  # (B, H) tanh(dense([CLS])) per sequence; None without a pooler
 
 
 @dataclass
@@ -110,6 +120,27 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
                              "every sequence needs at least [CLS]")
 
 
+def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                 packed: "Packed") -> None:
+    if input_ids.dim() != 1 or token_type_ids.shape != input_ids.shape:
+        raise ValueError(f"packed input_ids and token_type_ids must be 1-D of one length, got "
+                         f"{tuple(input_ids.shape)} and {tuple(token_type_ids.shape)}")
+    if sum(packed.lengths) != input_ids.shape[0]:
+        raise ValueError(f"packed lengths sum to {sum(packed.lengths)} but there are "
+                         f"{input_ids.shape[0]} tokens")
+    longest = max(packed.lengths)
+    if longest > config.max_position_embeddings:
+        raise ValueError(f"sequence length {longest} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings}; truncate or use sliding windows")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= config.vocab_size:
+        raise ValueError(f"token id {high if high >= config.vocab_size else low} is outside the vocabulary "
+                         f"(vocab_size {config.vocab_size}); was the input made with this model's tokenizer?")
+    if int(token_type_ids.max()) >= config.type_vocab_size or int(token_type_ids.min()) < 0:
+        raise ValueError(f"segment id {int(token_type_ids.max())} is out of range for type_vocab_size "
+                         f"{config.type_vocab_size}; single-segment models take token_type_ids of 0")
+
+
 # ---------------------------------------------------------------------------------------------
 # Padding removal: dense layers see (N, H) real tokens; attention sees (B, T) with the mask
 # ---------------------------------------------------------------------------------------------
@@ -142,6 +173,58 @@ class Padding:
         return padded.reshape(self.batch * self.length, -1).index_select(0, self.index)
 
 
+@dataclass
+class Packed:
+    """Sequences laid end to end, no padding anywhere: row r of an (N, ...) tensor is one token.
+
+    Built by `from_lengths`; the inference engine orders each batch by length so that sequences
+    of equal length sit next to each other and attend as one batched call (a `run`).
+    """
+    lengths: list[int]  # tokens of each of the B sequences, in packed order
+    starts: torch.Tensor  # (B,) long: row of each sequence's first token ([CLS])
+    position_ids: torch.Tensor  # (N,) long: 0 … len-1 within each sequence
+    sequence_index: torch.Tensor  # (N,) long: which sequence each row belongs to
+    runs: list[tuple[int, int, int]]  # (first row, sequences, length) of equal-length neighbours
+    cu_seqlens: torch.Tensor  # (B + 1,) int32 cumulative lengths, for the varlen kernel
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int], device: torch.device | str = "cpu") -> "Packed":
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"every packed sequence needs at least one token, got lengths {lengths[:8]}")
+        lens = torch.tensor(lengths, dtype=torch.long)
+        ends = lens.cumsum(0)
+        starts = ends - lens  # (B,)
+        total = int(ends[-1])
+        sequence_index = torch.repeat_interleave(torch.arange(len(lengths)), lens)  # (N,)
+        position_ids = torch.arange(total) - starts[sequence_index]  # (N,)
+        runs: list[tuple[int, int, int]] = []
+        for i, n in enumerate(lengths):
+            if runs and runs[-1][2] == n:
+                first, count, _ = runs[-1]
+                runs[-1] = (first, count + 1, n)
+            else:
+                runs.append((int(starts[i]), 1, n))
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
+        return cls(lengths=list(lengths), starts=starts.to(device), position_ids=position_ids.to(device),
+                   sequence_index=sequence_index.to(device), runs=runs, cu_seqlens=cu.to(device))
+
+    def attend(self, layer: "EncoderLayer", qkv: torch.Tensor) -> torch.Tensor:
+        """(N, 3H) fused projections → (N, H) attention outputs, each sequence seeing only itself."""
+        nh, hs = layer.num_heads, layer.head_dim
+        if qkv.device.type == "cuda" and qkv.dtype in (torch.float16, torch.bfloat16):
+            from torch.nn.attention.varlen import varlen_attn
+
+            q, k, v = qkv.view(-1, 3, nh, hs).unbind(1)  # (N, nh, hs) each
+            longest = max(self.lengths)
+            y = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, longest, longest)  # (N, nh, hs)
+            return y.reshape(qkv.shape[0], nh * hs)
+        outputs = []
+        for first, count, length in self.runs:
+            rows = qkv[first:first + count * length]  # (c·L, 3H), a view
+            outputs.append(layer.attention(rows, count, length, None).view(count * length, -1))  # (c·L, H)
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, H)
+
+
 # ---------------------------------------------------------------------------------------------
 # The encoder
 # ---------------------------------------------------------------------------------------------
@@ -167,6 +250,13 @@ class Embeddings(nn.Module):
         x = (F.embedding(input_ids, words.weight, words.padding_idx, sparse=sparse)  # (B, T, H)
              + self.token_type_embeddings(token_type_ids)  # (B, T, H)
              + self.position_embeddings(positions))  # (T, H) broadcast over B
+        return self.dropout(self.norm(x))
+
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       position_ids: torch.Tensor) -> torch.Tensor:
+        """(N,) ids, segments and positions of packed sequences → (N, H)."""
+        x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+             + self.position_embeddings(position_ids))  # (N, H)
         return self.dropout(self.norm(x))
 
 
@@ -203,6 +293,14 @@ class EncoderLayer(nn.Module):
             y = self.attention(qkv, batch, length, None).view(batch * length, -1)  # (B*T, H)
         else:
             y = padding.unpad(self.attention(padding.pad(qkv), batch, length, padding.key_mask))  # (N, H)
+        return self.feed_forward(x, y)
+
+    def forward_packed(self, x: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """x: (N, H) packed sequences → (N, H); attention never sees another sequence or padding."""
+        return self.feed_forward(x, packed.attend(self, self.qkv(x)))
+
+    def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer after attention: x, y (N, H) → (N, H)."""
         x = self.attn_norm(x + self.dropout(self.attn_out(y)))  # (N, H)
         h = self.ffn_out(self.act(self.ffn_in(x)))  # (N, I) → (N, H)
         return self.ffn_norm(x + self.dropout(h))  # (N, H)
@@ -260,6 +358,20 @@ class BertModel(PretrainedMixin, nn.Module):
 
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None  # (B, H)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       packed: Packed) -> "PackedOutput":
+        """The encoder over sequences laid end to end (see `Packed`): no padding, attention included.
+
+        input_ids, token_type_ids: (N,) long for the N tokens of all sequences; packed: their
+        lengths. Hidden states equal `forward`'s on each sequence alone (fp32: within 1e-5).
+        """
+        check_packed(self.config, input_ids, token_type_ids, packed)
+        x = self.embeddings.forward_packed(input_ids, token_type_ids, packed.position_ids)  # (N, H)
+        for layer in self.layers:
+            x = layer.forward_packed(x, packed)  # (N, H)
+        pooled = torch.tanh(self.pooler(x[packed.starts])) if self.pooler is not None else None  # (B, H)
+        return PackedOutput(hidden=x, pooler_output=pooled)
 
     def compile_layers(self) -> None:
         """torch.compile each encoder layer in place (regional compilation; state_dict keys unchanged).
@@ -373,6 +485,14 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
                                               out.last_hidden_state, labels)
         return MaskedLMOutput(loss=loss, logits=logits)
 
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packed: Packed,
+                       rows: torch.Tensor) -> MaskedLMOutput:
+        """Inference over packed sequences: logits (M, V) at the M packed rows `rows` (long (M,)),
+        e.g. the [MASK] positions; the vocabulary projection runs there only."""
+        hidden = self.bert.forward_packed(input_ids, token_type_ids, packed).hidden  # (N, H)
+        logits = self.mlm(hidden[rows], self.bert.embeddings.word_embeddings.weight)  # (M, V)
+        return MaskedLMOutput(loss=None, logits=logits)
+
 
 def count_parameters(module: nn.Module) -> int:
     """Parameters counted once even when shared (the tied MLM decoder)."""
@@ -380,4 +500,5 @@ def count_parameters(module: nn.Module) -> int:
 
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertOutput", "PreTrainingOutput",
+           "Packed", "PackedOutput",
            "MaskedLMOutput", "IGNORE_INDEX", "count_parameters"]

@@ -390,7 +390,7 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     examples = heldout_examples(eval_data, tokenizer, lang, n=3, seed=config.seed)
     pair_texts = [text for pair in lang.pairs for text, _ in pair]
     texts = [text for text, _ in examples] + pair_texts
-    results = fill_mask(model_dir, tokenizer, texts, top_k=5)
+    results = fill_mask(model_dir, texts, top_k=5)
     log("\nfill-mask, top 5 — held-out sentences:")
     for (text, answer), masks in zip(examples, results):
         log(f"  {text}\n    answer {answer}:  {_format_candidates(masks[0])}")

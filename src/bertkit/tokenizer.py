@@ -244,6 +244,19 @@ class BertTokenizer:
         self._set_padding(None)
         return [_to_encoding(e) for e in self._run_backend(inputs)]
 
+    def encode_raw(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None, *,
+                   max_length: int | None = None) -> list[Any]:
+        """`tokenizers.Encoding`s as the backend makes them (ids, type_ids, offsets, word_ids,
+        and `overflowing` non-empty where truncation at max_length cut a text), unpadded.
+
+        For the inference engine: skips the conversion to `Encoding` dataclasses that
+        `encode_batch` does, which costs as much as tokenizing short texts.
+        """
+        inputs = self._inputs(texts, text_pairs)
+        self._set_truncation(self._resolve_max_length(max_length))
+        self._set_padding(None)
+        return self._run_backend(inputs)
+
     def __call__(self, texts: str | Sequence[str], text_pairs: str | Sequence[str] | None = None,
                  *, max_length: int | None = 512, truncation: bool = True,
                  padding: bool | Literal["longest", "max_length"] = True,

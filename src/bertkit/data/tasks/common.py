@@ -229,32 +229,34 @@ def forward_batches(model: torch.nn.Module, features: Sequence[dict[str, Any]], 
     """Run `model` in eval mode over features (inputs only, no labels) and collect output fields.
 
     Returns {field: [one CPU float tensor per feature]}: the (C,) row of a sequence-level output
-    (B, C), or with `token_level` the feature's own (T_i, ...) slice of a (B, T, ...) output, the
-    padding cut off. Features run in length order (less padding) and come back in input order.
-    The model's train/eval mode is restored afterwards.
+    (B, C), or with `token_level` the feature's own (T_i, ...) slice of the per-token output.
+    The features run packed, without padding (`model.forward_packed`, the inference engine's
+    path), in token-budget batches of at most batch_size × the longest feature's tokens, and come
+    back in input order. `pad_id` is unused (nothing is padded); kept for callers' symmetry with
+    `pad_batch`. The model's train/eval mode is restored afterwards.
     """
     from tqdm.auto import tqdm
 
-    from bertkit.inference import length_sorted_batches
+    from bertkit.inference.engine import token_budget_batches
+    from bertkit.model import Packed
 
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    batches = length_sorted_batches([len(f["input_ids"]) for f in features], batch_size)
+    lengths = [len(f["input_ids"]) for f in features]
+    batches = list(token_budget_batches(lengths, batch_size * max(lengths, default=1)))
     out: dict[str, list[Any]] = {name: [None] * len(features) for name in fields}
     try:
-        for idx in tqdm(batches, total=-(-len(features) // batch_size), desc="predict",
-                        disable=not progress, leave=False):
-            batch = pad_batch([_inputs_only(features[i]) for i in idx], pad_id)
-            result = model(**{k: v.to(device) for k, v in batch.items()})
+        for idx in tqdm(batches, desc="predict", disable=not progress, leave=False):
+            ids = torch.tensor([t for i in idx for t in features[i]["input_ids"]], device=device)  # (N,)
+            types = torch.tensor([t for i in idx for t in features[i]["token_type_ids"]], device=device)  # (N,)
+            packed = Packed.from_lengths([lengths[i] for i in idx], device)
+            result = model.forward_packed(ids, types, packed)
             for name in fields:
-                values = getattr(result, name).float().cpu()  # (B, C) or (B, T, ...)
-                for row, i in enumerate(idx):
-                    out[name][i] = values[row, :len(features[i]["input_ids"])] if token_level else values[row]
+                values = getattr(result, name).float().cpu()  # (B, C) or (N, ...)
+                rows = values.split(packed.lengths) if token_level else values.unbind(0)
+                for i, row in zip(idx, rows):
+                    out[name][i] = row
     finally:
         model.train(was_training)
     return out
-
-
-def _inputs_only(feature: dict[str, Any]) -> dict[str, Any]:
-    return {"input_ids": feature["input_ids"], "token_type_ids": feature["token_type_ids"]}

@@ -293,32 +293,102 @@ def _label_id(sentence: NerSentence, word: int, label2id: dict[str, int]) -> int
     return label2id[tag]
 
 
-def stitch_predictions(logits: Sequence[torch.Tensor], encoded: NerEncoded,
-                       id2label: dict[int, str]) -> list[list[str]]:
-    """Per-word tags of every sentence from per-window logits.
+def word_logits(logits: Sequence[torch.Tensor], encoded: NerEncoded) -> list[torch.Tensor | None]:
+    """Per-word logits (W_i, C) of every sentence from per-window logits (None: no words).
 
     logits: one (T_f, C) float tensor per feature (T_f = its length incl. [CLS] and [SEP]).
-    Each word takes the argmax at its first piece, read from the window that gives that piece
-    the most context.
+    Each word takes the logits at its first piece, read from the window that gives that piece
+    the most context; a word without pieces gets zeros (uniform).
     """
     by_sentence: dict[int, list[int]] = {}
     for f, feature in enumerate(encoded.features):
         by_sentence.setdefault(feature["example"], []).append(f)
-    out = []
+    out: list[torch.Tensor | None] = []
     for i, first in enumerate(encoded.first_piece):
         feats = by_sentence.get(i, [])
+        if not first or not feats:
+            out.append(None)
+            continue
         spans = [encoded.features[f]["span"] for f in feats]
         owner = max_context_owner(spans, encoded.n_pieces[i])
-        tags = []
+        rows = []
         for p in first:
             if p is None:
-                tags.append("O")
+                rows.append(logits[feats[0]].new_zeros(logits[feats[0]].shape[-1]))
                 continue
             f = feats[owner[p]]
-            row = p - encoded.features[f]["span"][0] + 1  # +1: [CLS] comes first
-            tags.append(id2label[int(logits[f][row].argmax())])
-        out.append(tags)
+            rows.append(logits[f][p - encoded.features[f]["span"][0] + 1])  # +1: [CLS] comes first
+        out.append(torch.stack(rows))
     return out
+
+
+def stitch_predictions(logits: Sequence[torch.Tensor], encoded: NerEncoded,
+                       id2label: dict[int, str]) -> list[list[str]]:
+    """Per-word tags of every sentence (the argmax of `word_logits`; words without pieces "O")."""
+    out = []
+    for first, rows in zip(encoded.first_piece, word_logits(logits, encoded)):
+        tags = [] if rows is None else [id2label[int(k)] for k in rows.argmax(-1)]
+        out.append(["O" if p is None else tag for p, tag in zip(first, tags)])
+    return out
+
+
+def allowed_transitions(names: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which tag may follow which in a valid BIO / BIOES sequence, as additive score masks.
+
+    Returns (transitions (C, C): [prev, cur] = 0 where allowed, -inf where not; start (C,);
+    end (C,)). I-X (and E-X) continue only B-X or I-X; in BIOES, B-X and I-X must be continued,
+    so they can neither end a sentence nor be followed by O, B-, S- or another type.
+    Tags without a B/I/E/S prefix (O, or plain IO names) are free.
+    """
+    parts = [_tag_parts(n) for n in names]
+    bioes = any(kind in ("E", "S") for kind, _ in parts)
+    n = len(names)
+    trans = torch.zeros(n, n)
+    start = torch.zeros(n)
+    end = torch.zeros(n)
+    inf = float("-inf")
+    for c, (kind, typ) in enumerate(parts):
+        if kind in ("I", "E"):
+            start[c] = inf
+            for p, (pkind, ptyp) in enumerate(parts):
+                if not (pkind in ("B", "I") and ptyp == typ):
+                    trans[p, c] = inf
+        elif bioes:
+            for p, (pkind, _) in enumerate(parts):
+                if pkind in ("B", "I"):
+                    trans[p, c] = inf
+        if bioes and kind in ("B", "I"):
+            end[c] = inf
+    return trans, start, end
+
+
+def _tag_parts(name: str) -> tuple[str, str]:
+    try:
+        return split_tag(name)
+    except ValueError:
+        return "O", ""  # not a B/I/E/S tag: no constraint
+
+
+def constrained_decode(log_probs: torch.Tensor, names: Sequence[str]) -> list[str]:
+    """The most probable valid tag sequence (Viterbi under `allowed_transitions`).
+
+    log_probs: (W, C) per-word log-probabilities. Unlike a per-word argmax, the result never has
+    an I-X without its B-X, so every entity is a well-formed span.
+    """
+    trans, start, end = allowed_transitions(names)
+    score = log_probs[0] + start  # (C,)
+    back = []
+    for w in range(1, log_probs.shape[0]):
+        total = score[:, None] + trans  # (C_prev, C)
+        score, best_prev = total.max(0)  # (C,)
+        score = score + log_probs[w]
+        back.append(best_prev)
+    tag = int((score + end).argmax())
+    path = [tag]
+    for best_prev in reversed(back):
+        tag = int(best_prev[tag])
+        path.append(tag)
+    return [names[t] for t in reversed(path)]
 
 
 # ---------------------------------------------------------------------------------------------

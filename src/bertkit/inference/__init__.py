@@ -1,0 +1,19 @@
+"""Using a model: one inference engine (`Engine`) and the uses built on it.
+
+    from bertkit.inference import Engine, embed, fill_mask, classify, ner, qa, rerank
+    engine = Engine.load("my-model", task="embed", precision="int8")
+    vectors = embed(engine, ["a text", "another"])          # (2, H), unit length
+
+Each use takes an Engine or a model directory, works on any number of texts, and returns results
+in input order, equal to running each text alone. See `engine.py` for batching and precision.
+"""
+
+from bertkit.inference.classify import classify, rerank
+from bertkit.inference.embed import embed, similarity
+from bertkit.inference.engine import Batch, Engine, Pooling, token_budget_batches
+from bertkit.inference.fill_mask import Candidate, fill_mask, load_masked_lm
+from bertkit.inference.ner import ner
+from bertkit.inference.qa import qa
+
+__all__ = ["Engine", "Batch", "Pooling", "token_budget_batches", "embed", "similarity", "fill_mask",
+           "Candidate", "load_masked_lm", "classify", "rerank", "ner", "qa"]

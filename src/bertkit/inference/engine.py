@@ -1,0 +1,323 @@
+"""The inference engine: one batched, padding-free forward under every use of a model.
+
+Every use (`embed`, `fill_mask`, `classify`, `ner`, `qa`, `rerank`, the HTTP service) hands the
+engine token sequences and a small `head` function, and the engine does the rest the same way:
+
+- tokenization once per text, batched in Rust (`tokenizers`), texts over the model's limit
+  truncated with a warning that counts them, or refused (`truncate=False`);
+- token-budget batches: sequences sorted by length (longest first) fill each batch up to
+  `max_batch_tokens` real tokens; results come back in input order;
+- no compute on padding anywhere: sequences are packed end to end (`model.Packed`), every dense
+  layer sees only real tokens and attention runs per run of equal-length neighbours (CPU) or as
+  one variable-length flash call (CUDA, 16-bit);
+- `torch.inference_mode`, a precision (fp32, bf16, dynamic int8, or `auto`, decided by
+  measuring) and a thread count.
+
+A sequence's result does not depend on its neighbours: one text alone gives the same numbers as
+in any batch, in any order (fp32: within 1e-5, the float summation order of the matmuls).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,
+                           BertForTokenClassification)
+from bertkit.model import BertForMaskedLM, BertModel, Packed
+from bertkit.tokenizer import BertTokenizer
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+DEFAULT_MAX_BATCH_TOKENS = 8192  # large enough to keep 2 cores' GEMMs efficient, small for memory
+
+# The model class each use runs, and the checkpoint tensors it cannot do without.
+TASK_MODELS: dict[str, tuple[type[nn.Module], str, str]] = {
+    "embed": (BertModel, "", "any BERT checkpoint"),
+    "fill-mask": (BertForMaskedLM, "cls.predictions", "a masked-LM head (made by `bertkit pretrain`, "
+                  "or a Hugging Face BertForMaskedLM / BertForPreTraining checkpoint)"),
+    "classify": (BertForSequenceClassification, "classifier", "a sequence-classification head "
+                 "(made by `bertkit finetune --task classify|pair`)"),
+    "rerank": (BertForSequenceClassification, "classifier", "a cross-encoder: a sequence-classification "
+               "head with one label"),
+    "ner": (BertForTokenClassification, "classifier", "a token-classification head (made by "
+            "`bertkit finetune --task ner`)"),
+    "qa": (BertForQuestionAnswering, "qa_outputs", "a question-answering head (made by "
+           "`bertkit finetune --task qa`)"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# batching
+# ---------------------------------------------------------------------------------------------
+def token_budget_batches(lengths: Sequence[int], max_batch_tokens: int) -> Iterator[list[int]]:
+    """Indices of sequences grouped into batches of at most `max_batch_tokens` real tokens.
+
+    Sorted longest first (ties in input order), so equal lengths sit together and attend as one
+    call; a sequence longer than the budget gets a batch of its own.
+    """
+    if max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batch: list[int] = []
+    tokens = 0
+    for i in order:
+        if batch and tokens + lengths[i] > max_batch_tokens:
+            yield batch
+            batch, tokens = [], 0
+        batch.append(i)
+        tokens += lengths[i]
+    if batch:
+        yield batch
+
+
+@dataclass
+class Batch:
+    """One forward's worth of packed sequences, as a `head` function receives it."""
+    index: list[int]  # (B,) positions of the sequences in the caller's list, in packed order
+    input_ids: torch.Tensor  # (N,) long, all sequences end to end
+    token_type_ids: torch.Tensor  # (N,) long
+    packed: Packed
+
+    def split(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """A per-token output (N, ...) cut into one (T_i, ...) tensor per sequence."""
+        return list(rows.split(self.packed.lengths))
+
+
+@dataclass
+class Stats:
+    """What the engine has done since it was made (read by the CLI summaries and `/metrics`)."""
+    sequences: int = 0
+    tokens: int = 0
+    batches: int = 0
+    truncated: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# precision
+# ---------------------------------------------------------------------------------------------
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' → the faster of fp32 and bf16 on this machine, measured (`bertkit.precision`).
+
+    int8 is never chosen by 'auto': it changes results (cosine ≈ 0.99 against fp32), so it has
+    to be asked for.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision == "int8" and device.type != "cpu":
+        raise ValueError("precision int8 (dynamic quantization) runs on the CPU only; use bf16 on "
+                         f"{device.type}")
+    if precision != "auto":
+        return precision
+    from bertkit.precision import resolve_precision as measured
+
+    return measured("auto", device)
+
+
+def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
+    """The model in eval mode on `device`, in the precision's form.
+
+    bf16: weights cast to bfloat16 (no per-call casts, unlike autocast); LayerNorm and softmax
+    accumulate in fp32 inside their kernels. int8: a copy with every nn.Linear replaced by an
+    `int8.Int8Linear` (weights per output channel, activations per token; see `int8.py` for why
+    not torch's quantize_dynamic); the caller's model is left as it was.
+    """
+    model = model.eval().to(device)
+    if precision == "bf16":
+        return model.to(torch.bfloat16)
+    if precision == "int8":
+        from bertkit.inference.int8 import quantize_linears
+
+        return quantize_linears(copy.deepcopy(model))
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Engine:
+    """A model, its tokenizer and how to run them: the one object every use takes.
+
+    Build with `Engine.load(model_dir, task=...)`, or `Engine(model, tokenizer, ...)` from objects
+    in memory. `max_length` defaults to the model's limit (for sentence-transformers models, their
+    `max_seq_length`, as they were trained); `truncate=False` makes longer texts an error.
+    """
+
+    model: nn.Module
+    tokenizer: BertTokenizer
+    precision: str = "fp32"
+    threads: int | None = None
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    device: str | torch.device = "cpu"
+    max_length: int | None = None
+    truncate: bool = True
+    model_dir: Path | None = None
+    task: str | None = None
+    pooling: "Pooling | None" = None
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        if self.threads is not None:
+            if self.threads < 1:
+                raise ValueError(f"threads must be at least 1, got {self.threads}")
+            torch.set_num_threads(self.threads)
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        self.device = _device(self.device)
+        self.config = self.model.config
+        limit = self.config.max_position_embeddings
+        if self.max_length is None:
+            self.max_length = limit
+        elif not 2 < self.max_length <= limit:
+            raise ValueError(f"max_length {self.max_length} must be in 3..{limit} "
+                             f"(the model's max_position_embeddings)")
+        self.precision = resolve_precision(self.precision, self.device)
+        self.model = prepare_model(self.model, self.precision, self.device)
+        self.float_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike, task: str = "embed", **options: Any) -> "Engine":
+        """An engine for `task` (embed, fill-mask, classify, rerank, ner, qa) over a model dir."""
+        if task not in TASK_MODELS:
+            raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASK_MODELS)}")
+        model_class, head_prefix, needs = TASK_MODELS[task]
+        tokenizer = BertTokenizer.from_pretrained(model_dir)
+        model = model_class.from_pretrained(model_dir)
+        if head_prefix and any(name.startswith(head_prefix) for name in model.load_report.missing):
+            kind = ", ".join(model.config.extra.get("architectures") or ["of unknown kind"])
+            raise ValueError(f"{model_dir} has no weights for {task} ({head_prefix}.* missing; the "
+                             f"checkpoint is {kind}); {task} needs {needs}")
+        pooling = Pooling.read(model_dir)
+        if pooling is not None and pooling.max_seq_length and "max_length" not in options:
+            options["max_length"] = min(pooling.max_seq_length, model.config.max_position_embeddings)
+        return cls(model, tokenizer, model_dir=Path(model_dir), task=task, pooling=pooling, **options)
+
+    # -- tokenization --------------------------------------------------------------------------
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
+        """`tokenizers` encodings (ids, type_ids, offsets, word_ids) of texts or pairs, with
+        [CLS]/[SEP], cut to `max_length` (pairs longest side first)."""
+        encodings = self.tokenizer.encode_raw(texts, pairs, max_length=self.max_length)
+        long = [i for i, e in enumerate(encodings) if e.overflowing]
+        if long and not self.truncate:
+            i = long[0]
+            raise ValueError(f"{len(long)} of {len(encodings)} inputs exceed the model's limit of "
+                             f"{self.max_length} tokens (input {i} is one); shorten them or allow "
+                             "truncation (--truncate)")
+        if long:
+            self.stats.truncated += len(long)
+            log.warning("%d of %d inputs were longer than %d tokens and were truncated",
+                        len(long), len(encodings), self.max_length)
+        return encodings
+
+    # -- the forward ---------------------------------------------------------------------------
+    def run(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None,
+            head: Callable[[nn.Module, Batch], Any]) -> Iterator[tuple[list[int], Any]]:
+        """Run `head(model, batch)` over token-budget batches of the sequences `ids`.
+
+        ids / type_ids: one list of token ids (and segment ids; None = all 0) per sequence,
+        special tokens included. Yields (batch.index, whatever `head` returned) per batch, in
+        batch order; `index` maps the batch's sequences back to positions in `ids`.
+        """
+        lengths = [len(seq) for seq in ids]
+        if not lengths:
+            return
+        if min(lengths) < 1:
+            raise ValueError("an input has no tokens; every sequence needs at least [CLS]")
+        for index in token_budget_batches(lengths, self.max_batch_tokens):
+            flat_ids = torch.tensor(list(itertools.chain.from_iterable(ids[i] for i in index)),
+                                    dtype=torch.long)  # (N,)
+            if type_ids is None:
+                flat_types = torch.zeros_like(flat_ids)  # (N,)
+            else:
+                flat_types = torch.tensor(list(itertools.chain.from_iterable(type_ids[i] for i in index)),
+                                          dtype=torch.long)  # (N,)
+            packed = Packed.from_lengths([lengths[i] for i in index], self.device)
+            batch = Batch(index, flat_ids.to(self.device), flat_types.to(self.device), packed)
+            with torch.inference_mode():
+                result = head(self.model, batch)
+            self.stats.batches += 1
+            self.stats.sequences += len(index)
+            self.stats.tokens += int(flat_ids.numel())
+            yield index, result
+
+    def run_encodings(self, encodings: Sequence[Any], head: Callable[[nn.Module, Batch], Any]
+                      ) -> Iterator[tuple[list[int], Any]]:
+        """`run` over tokenizer encodings."""
+        return self.run([e.ids for e in encodings], [e.type_ids for e in encodings], head)
+
+    def describe(self) -> dict[str, Any]:
+        """What a caller (CLI summary, `/info`) reports about this engine."""
+        return {"model": str(self.model_dir) if self.model_dir else None, "task": self.task,
+                "precision": self.precision, "device": str(self.device),
+                "max_length": self.max_length, "max_batch_tokens": self.max_batch_tokens,
+                "threads": torch.get_num_threads()}
+
+
+def _device(name: str | torch.device) -> torch.device:
+    if isinstance(name, torch.device):
+        return name
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise ValueError(f"unknown device {name!r}; use auto, cpu or cuda")
+    return torch.device(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# sentence-transformers pooling files
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Pooling:
+    """How a sentence-transformers model turns token states into one vector (its own files)."""
+    mode: str  # "mean" | "cls" | "max"
+    normalize: bool
+    max_seq_length: int | None = None
+
+    @classmethod
+    def read(cls, model_dir: str | os.PathLike) -> "Pooling | None":
+        """From modules.json + 1_Pooling/config.json (+ sentence_bert_config.json); None when absent."""
+        import json
+
+        root = Path(model_dir)
+        modules_file = root / "modules.json"
+        if not modules_file.is_file():
+            return None
+        try:
+            modules = json.loads(modules_file.read_text(encoding="utf-8"))
+            kinds = {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{modules_file} is not a sentence-transformers modules list ({err}); "
+                             "fix or remove it") from None
+        if "Pooling" not in kinds:
+            return None
+        pooling_file = root / kinds["Pooling"] / "config.json"
+        try:
+            settings = json.loads(pooling_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read the pooling settings {pooling_file}: {err}") from None
+        chosen = [name for key, name in (("pooling_mode_mean_tokens", "mean"),
+                                         ("pooling_mode_cls_token", "cls"),
+                                         ("pooling_mode_max_tokens", "max")) if settings.get(key)]
+        other = [key for key in ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                                 "pooling_mode_lasttoken") if settings.get(key)]
+        if other or len(chosen) != 1:
+            raise ValueError(f"{pooling_file}: pooling {other or chosen or 'none'} is not supported; "
+                             "bertkit pools with exactly one of mean, cls or max (pass --pooling to "
+                             "override)")
+        length = None
+        st_config = root / "sentence_bert_config.json"
+        if st_config.is_file():
+            length = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
+        return cls(mode=chosen[0], normalize="Normalize" in kinds, max_seq_length=length)
