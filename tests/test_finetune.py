@@ -259,6 +259,18 @@ def test_freeze_encoder_trains_the_head_only(tmp_path, base_dir):
     assert "classifier.weight" in after and "classifier.weight" not in before
 
 
+def test_default_lr_follows_the_model_width(tmp_path, base_dir):
+    assert ft.default_lr(128) == ft.default_lr(256) == 1e-3  # tiny, mini
+    assert ft.default_lr(512) == 1e-4 and ft.default_lr(768) == ft.default_lr(1024) == 3e-5
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(32, 1))
+    settings = {k: v for k, v in FAST.items() if k != "lr"}
+    ft.finetune("classify", base_dir, train, tmp_path / "out", epochs=1, **settings)
+    saved = json.loads((tmp_path / "out" / "finetune_config.json").read_text())
+    assert saved["lr"] == 1e-3  # the tiny model's rate, stored as used
+    first = json.loads((tmp_path / "out" / "steps.jsonl").read_text().splitlines()[0])
+    assert first["lr"] == 1e-3  # warmup_ratio 0: the first step runs at the peak
+
+
 def test_bf16_precision_trains_and_is_reported(tmp_path, base_dir):
     train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(128, 1))
     out = tmp_path / "out"

@@ -128,3 +128,21 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(FileExistsError, match="already holds another run"):
         qs.quickstart(qs.QuickstartConfig(out=str(tmp_path / "busy"), **SMALL))
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_printed_finetune_commands_run_as_printed(demo, tmp_path, capsys):
+    """The "next" commands carry no --lr: the default must suit the demo's tiny model (at BERT-
+    base's 3e-5 it learned nothing in an epoch, issue 13 item 8). Each runs here on a sliver of
+    its data set (the whole sets take minutes; their scores are in finetune.default_lr)."""
+    from bertkit import cli
+
+    _, _, report = demo
+    commands = re.findall(r"^  bertkit (finetune .+)$", report, flags=re.M)
+    assert len(commands) == len(qs.LANGUAGES["zh"].finetune) == 2
+    for k, command in enumerate(commands):
+        args = command.split()
+        assert "--lr" not in args
+        args[args.index("--out") + 1] = str(tmp_path / f"run{k}")
+        assert cli.main([*args, "--max-train-examples", "64", "--epochs", "1", "--no-progress"]) == 0
+        saved = json.loads((tmp_path / f"run{k}" / "finetune_config.json").read_text())
+        assert saved["lr"] == 1e-3
