@@ -377,3 +377,19 @@ def test_encoder_from_a_head_model_embeds_like_the_base_model(tokenizer, tmp_pat
     with torch.no_grad():
         expected = ref(**batch).last_hidden_state[:, 0]
     assert (base - expected).abs().max() <= 1e-5
+
+
+def test_compiled_int8_kernels_equal_the_eager_ones():
+    from bertkit.inference import int8
+
+    quantize, dequantize = int8._KERNELS.get()
+    if quantize is int8.quantize_rows:
+        pytest.skip("torch.compile is not available here (no C++ compiler)")
+    torch.manual_seed(0)
+    x = torch.randn(29, 48) * torch.linspace(0.1, 4, 29)[:, None]
+    eager, compiled = int8.quantize_rows(x), quantize(x)
+    assert torch.equal(eager[0], compiled[0])
+    assert torch.allclose(eager[1], compiled[1]) and torch.equal(eager[2], compiled[2])
+    acc = torch.randint(-5000, 5000, (29, 11), dtype=torch.int32)
+    args = (eager[1], eager[2], torch.rand(11), torch.rand(11), torch.rand(11))
+    assert torch.allclose(int8.dequantize(acc, *args), dequantize(acc, *args), rtol=1e-6, atol=1e-5)

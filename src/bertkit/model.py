@@ -21,9 +21,26 @@ learned absolute positions); checkpoints convert to and from Hugging Face names 
 - Dropout on CPU (`ops.dropout`) draws its masks from 16-bit random lanes: the probability is
   rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006). Training-time noise only; eval is unaffected.
 
+The same encoder runs BERT's descendants; `config.model_type` says which, and the differences
+are configuration (config.py) and checkpoint names (checkpoint.py), not other classes:
+
+- RoBERTa (Liu et al. 2019): the architecture is BERT's. Positions are numbered from
+  pad_token_id + 1 (fairseq's convention: `config.position_offset`, so 514 position rows give 512
+  tokens); one segment type; the MLM head always uses exact GELU; the sequence classifier is
+  dense → tanh → out_proj on the [CLS] (`<s>`) state, with no pooler. No NSP head.
+- ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
+  `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
+  (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
+  distinct layers and `config.layer_schedule` runs them over the depth. The sentence head is
+  sentence-order prediction (SOP), in the NSP head's place.
+- DistilBERT (Sanh et al. 2019): no segment embeddings (token_type_ids are ignored) and no
+  pooler; the sequence classifier is pre_classifier → ReLU → classifier on the [CLS] state. Its
+  layers are BERT's (post-LN, GELU) under other names. No sentence head.
+
 Dimension letters used in shape comments:
   B batch, T sequence length, H hidden size, nh heads, hs head size (H / nh), I FFN size,
-  N real (non-padding) tokens in the batch, M selected MLM positions, V vocabulary.
+  N real (non-padding) tokens in the batch, M selected MLM positions, V vocabulary,
+  E embedding width (ALBERT's embedding_size; H for the others).
 """
 
 from __future__ import annotations
@@ -75,7 +92,9 @@ class PreTrainingOutput:
     mlm_loss: torch.Tensor | None  # () mean cross-entropy over selected positions
     nsp_loss: torch.Tensor | None  # () mean cross-entropy over rows with an NSP label
     mlm_logits: torch.Tensor  # (M, V) at selected positions in row-major order, or (B, T, V)
-    nsp_logits: torch.Tensor  # (B, 2): index 0 = IsNext, 1 = NotNext (the reference's order)
+    # (B, 2): NSP index 0 = IsNext, 1 = NotNext (the reference's order); ALBERT's SOP 0 = in order,
+    # 1 = swapped. None for families without a sentence head (RoBERTa, DistilBERT).
+    nsp_logits: torch.Tensor | None
     mlm_predictions: torch.Tensor | None = None  # (M,) argmax ids at selected positions (with mlm_labels)
 
 
@@ -95,10 +114,10 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
     batch, length = input_ids.shape
     if batch == 0 or length == 0:
         raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
-    if length > config.max_position_embeddings:
-        raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
-                         f"{config.max_position_embeddings}; truncate to {config.max_position_embeddings} "
-                         "tokens or use sliding windows")
+    if length > config.max_sequence_length:
+        raise ValueError(f"sequence length {length} exceeds the model's limit of {config.max_sequence_length} "
+                         f"tokens (max_position_embeddings {config.max_position_embeddings}); truncate to "
+                         f"{config.max_sequence_length} tokens or use sliding windows")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= config.vocab_size:
         bad = high if high >= config.vocab_size else low
@@ -108,7 +127,7 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
         if tensor is not None and tensor.shape != input_ids.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has "
                              f"{tuple(input_ids.shape)}")
-    if token_type_ids is not None:
+    if token_type_ids is not None and config.has_segments:
         top = int(token_type_ids.max())
         if top >= config.type_vocab_size or int(token_type_ids.min()) < 0:
             raise ValueError(f"segment id {top} is out of range for type_vocab_size "
@@ -129,14 +148,16 @@ def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
         raise ValueError(f"packed lengths sum to {sum(packed.lengths)} but there are "
                          f"{input_ids.shape[0]} tokens")
     longest = max(packed.lengths)
-    if longest > config.max_position_embeddings:
-        raise ValueError(f"sequence length {longest} exceeds max_position_embeddings "
-                         f"{config.max_position_embeddings}; truncate or use sliding windows")
+    if longest > config.max_sequence_length:
+        raise ValueError(f"sequence length {longest} exceeds the model's limit of {config.max_sequence_length} "
+                         f"tokens (max_position_embeddings {config.max_position_embeddings}); truncate or "
+                         "use sliding windows")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= config.vocab_size:
         raise ValueError(f"token id {high if high >= config.vocab_size else low} is outside the vocabulary "
                          f"(vocab_size {config.vocab_size}); was the input made with this model's tokenizer?")
-    if int(token_type_ids.max()) >= config.type_vocab_size or int(token_type_ids.min()) < 0:
+    if config.has_segments and (int(token_type_ids.max()) >= config.type_vocab_size
+                                or int(token_type_ids.min()) < 0):
         raise ValueError(f"segment id {int(token_type_ids.max())} is out of range for type_vocab_size "
                          f"{config.type_vocab_size}; single-segment models take token_type_ids of 0")
 
@@ -218,45 +239,58 @@ class Packed:
             longest = max(self.lengths)
             y = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, longest, longest)  # (N, nh, hs)
             return y.reshape(qkv.shape[0], nh * hs)
-        outputs = []
+        out = qkv.new_empty(qkv.shape[0], nh * hs)  # (N, H)
         for first, count, length in self.runs:
-            rows = qkv[first:first + count * length]  # (c·L, 3H), a view
-            outputs.append(layer.attention(rows, count, length, None).view(count * length, -1))  # (c·L, H)
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, H)
+            rows = slice(first, first + count * length)
+            q, k, v = (qkv[rows].view(count, length, 3, nh, hs)  # (c, L, 3, nh, hs), a view
+                       .permute(2, 0, 3, 1, 4).unbind(0))  # (c, nh, L, hs) each
+            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
+            # written in place: no concatenation of the runs' outputs afterwards
+            out[rows].view(count, length, nh, hs).copy_(y.transpose(1, 2))
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
 # The encoder
 # ---------------------------------------------------------------------------------------------
 class Embeddings(nn.Module):
-    """token + learned position + segment embeddings, then LayerNorm and dropout."""
+    """token + learned position + segment embeddings (width E), then LayerNorm and dropout.
+
+    RoBERTa's positions start at `position_offset`; DistilBERT has no segment table.
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        dim = config.embedding_dim
+        self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.has_segments else None
+        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
+        self.position_offset = config.position_offset
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 sparse_word_grad: bool = False) -> torch.Tensor:
         """sparse_word_grad: see `BertModel.forward`."""
         length = input_ids.shape[1]
-        positions = torch.arange(length, device=input_ids.device)  # (T,)
+        # Right padding only, so position t is t for every row (RoBERTa: offset + t, as the
+        # reference's cumulative count of non-padding tokens gives for real tokens).
+        positions = torch.arange(length, device=input_ids.device) + self.position_offset  # (T,)
         sparse = (sparse_word_grad and input_ids.device.type == "cpu" and torch.is_grad_enabled()
                   and not torch.compiler.is_compiling())
         words = self.word_embeddings
-        x = (F.embedding(input_ids, words.weight, words.padding_idx, sparse=sparse)  # (B, T, H)
-             + self.token_type_embeddings(token_type_ids)  # (B, T, H)
-             + self.position_embeddings(positions))  # (T, H) broadcast over B
+        x = (F.embedding(input_ids, words.weight, words.padding_idx, sparse=sparse)  # (B, T, E)
+             + self.position_embeddings(positions))  # (T, E) broadcast over B
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)  # (B, T, E)
         return self.dropout(self.norm(x))
 
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                        position_ids: torch.Tensor) -> torch.Tensor:
-        """(N,) ids, segments and positions of packed sequences → (N, H)."""
-        x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-             + self.position_embeddings(position_ids))  # (N, H)
+        """(N,) ids, segments and positions (0-based in each sequence) of packed sequences → (N, E)."""
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids + self.position_offset)  # (N, E)
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)  # (N, E)
         return self.dropout(self.norm(x))
 
 
@@ -307,14 +341,19 @@ class EncoderLayer(nn.Module):
 
 
 class BertModel(PretrainedMixin, nn.Module):
-    """Embeddings → L encoder layers → (optional) tanh pooler on [CLS]."""
+    """Embeddings → (ALBERT: E → H projection) → L encoder layers → (optional) tanh pooler on [CLS]."""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
+        # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H.
+        self.embed_proj = (nn.Linear(config.embedding_dim, config.hidden_size)
+                           if config.model_type == "albert" else None)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layer_weights))
+        self.schedule = config.layer_schedule  # stored layer run at each depth (ALBERT repeats them)
+        self.pooler = (nn.Linear(config.hidden_size, config.hidden_size)
+                       if add_pooling_layer and config.has_pooler else None)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -350,10 +389,12 @@ class BertModel(PretrainedMixin, nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         padding = Padding.from_mask(attention_mask) if attention_mask is not None else None
 
-        x = self.embeddings(input_ids, token_type_ids, sparse_word_grad)  # (B, T, H)
-        x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, H)
-        for layer in self.layers:
-            x = layer(x, padding, batch, length)  # (N, H)
+        x = self.embeddings(input_ids, token_type_ids, sparse_word_grad)  # (B, T, E)
+        x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, E)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)  # (N, H)
+        for i in self.schedule:
+            x = self.layers[i](x, padding, batch, length)  # (N, H)
         hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
 
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None  # (B, H)
@@ -367,9 +408,11 @@ class BertModel(PretrainedMixin, nn.Module):
         lengths. Hidden states equal `forward`'s on each sequence alone (fp32: within 1e-5).
         """
         check_packed(self.config, input_ids, token_type_ids, packed)
-        x = self.embeddings.forward_packed(input_ids, token_type_ids, packed.position_ids)  # (N, H)
-        for layer in self.layers:
-            x = layer.forward_packed(x, packed)  # (N, H)
+        x = self.embeddings.forward_packed(input_ids, token_type_ids, packed.position_ids)  # (N, E)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)  # (N, H)
+        for i in self.schedule:
+            x = self.layers[i].forward_packed(x, packed)  # (N, H)
         pooled = torch.tanh(self.pooler(x[packed.starts])) if self.pooler is not None else None  # (B, H)
         return PackedOutput(hidden=x, pooler_output=pooled)
 
@@ -397,18 +440,19 @@ class BertModel(PretrainedMixin, nn.Module):
 # Pre-training heads
 # ---------------------------------------------------------------------------------------------
 class MaskedLMHead(nn.Module):
-    """dense → act → LayerNorm → decoder tied to the word embeddings, plus its own bias."""
+    """dense (H → E) → act → LayerNorm → decoder tied to the word embeddings, plus its own bias."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.transform = nn.Linear(config.hidden_size, config.embedding_dim)
+        # RoBERTa's head calls exact GELU whatever hidden_act says (fairseq's RobertaLMHead).
+        self.act = activation("gelu" if config.model_type == "roberta" else config.hidden_act)
+        self.norm = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """hidden: (..., H); word_embeddings: (V, H), the tied decoder weight → logits (..., V)."""
-        h = self.norm(self.act(self.transform(hidden)))  # (..., H)
+        """hidden: (..., H); word_embeddings: (V, E), the tied decoder weight → logits (..., V)."""
+        h = self.norm(self.act(self.transform(hidden)))  # (..., E)
         return F.linear(h, word_embeddings, self.bias)  # (..., V)
 
 
@@ -435,16 +479,24 @@ def mlm_logits_and_loss(head: MaskedLMHead, word_embeddings: torch.Tensor, hidde
 
 
 class BertForPreTraining(PretrainedMixin, nn.Module):
-    """Encoder + MLM head + NSP head; loss = MLM + NSP (MLM alone without NSP labels)."""
+    """Encoder + MLM head + sentence head; loss = MLM + NSP (MLM alone without NSP labels).
+
+    The sentence head is NSP for BERT, SOP for ALBERT (same shape, on the pooled [CLS], after
+    ALBERT's classifier dropout), and absent for RoBERTa and DistilBERT, which pre-train MLM only.
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        sentence_head = config.model_type in ("bert", "albert")
+        self.bert = BertModel(config, add_pooling_layer=sentence_head)
         self.mlm = MaskedLMHead(config)
-        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.nsp = nn.Linear(config.hidden_size, 2) if sentence_head else None
+        rate = config.classifier_dropout if config.classifier_dropout is not None else 0.1
+        self.nsp_dropout = nn.Dropout(rate if config.model_type == "albert" else 0.0)
         for module in (self.mlm, self.nsp):
-            module.apply(self.bert._init_weights)
+            if module is not None:
+                module.apply(self.bert._init_weights)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, mlm_labels: torch.Tensor | None = None,
@@ -456,9 +508,16 @@ class BertForPreTraining(PretrainedMixin, nn.Module):
         out = self.bert(input_ids, token_type_ids, attention_mask, sparse_word_grad=mlm_labels is not None)
         mlm_logits, mlm_loss, mlm_predictions = mlm_logits_and_loss(
             self.mlm, self.bert.embeddings.word_embeddings.weight, out.last_hidden_state, mlm_labels)
-        nsp_logits = self.nsp(out.pooler_output)  # (B, 2)
+        has_labels = nsp_labels is not None and bool((nsp_labels != IGNORE_INDEX).any())
+        if self.nsp is None:
+            if has_labels:
+                raise ValueError(f"model_type {self.config.model_type!r} has no sentence-pair head; "
+                                 "pre-train it with --objective mlm (data prepared without NSP)")
+            return PreTrainingOutput(loss=mlm_loss, mlm_loss=mlm_loss, nsp_loss=None, mlm_logits=mlm_logits,
+                                     nsp_logits=None, mlm_predictions=mlm_predictions)
+        nsp_logits = self.nsp(self.nsp_dropout(out.pooler_output))  # (B, 2)
         nsp_loss = None
-        if nsp_labels is not None and bool((nsp_labels != IGNORE_INDEX).any()):
+        if has_labels:
             nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels, ignore_index=IGNORE_INDEX)
         parts = [part for part in (mlm_loss, nsp_loss) if part is not None]
         loss = sum(parts) if parts else None
@@ -495,7 +554,7 @@ class BertForMaskedLM(PretrainedMixin, nn.Module):
 
 
 def count_parameters(module: nn.Module) -> int:
-    """Parameters counted once even when shared (the tied MLM decoder)."""
+    """Parameters counted once even when shared (the tied MLM decoder; ALBERT's layers are stored once)."""
     return sum(p.numel() for p in module.parameters())
 
 
