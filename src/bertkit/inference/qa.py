@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from bertkit.data.tasks.common import max_context_owner
-from bertkit.data.tasks.qa import QAExample, QASettings, qa_features
+from bertkit.data.tasks.qa import QAExample, QASettings, qa_features, snap_to_words
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Engine
 from bertkit.inference.ner import token_logits, word_pieces
@@ -98,8 +98,5 @@ def _answers(example: QAExample, features: list[dict[str, Any]], logits: list[to
 
 def _snap(s: int, e: int, offsets: list[tuple[int, int]], words: list[int | None]) -> tuple[int, int]:
     """Character span of pieces s..e widened to the whole words they touch."""
-    while s > 0 and words[s] is not None and words[s - 1] == words[s]:
-        s -= 1
-    while e + 1 < len(words) and words[e] is not None and words[e + 1] == words[e]:
-        e += 1
+    s, e = snap_to_words(s, e, words)
     return offsets[s][0], offsets[e][1]

@@ -342,7 +342,9 @@ class NerTask:
                                    self.config.max_length, stride=self.config.doc_stride)
         out = forward_batches(model, encoded.features, pad_id=self.pieces.pad_id, token_level=True,
                               batch_size=self.config.eval_batch_size, progress=self.config.progress)
-        return ner.stitch_predictions(out["logits"], encoded, dict(enumerate(self.names)))
+        # the most probable valid BIO / BIOES sequence, so every predicted entity is a span
+        return [["O"] * len(s) if rows is None else ner.constrained_decode(rows.log_softmax(-1), self.names)
+                for s, rows in zip(sentences, ner.word_logits(out["logits"], encoded))]
 
     def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
         self.check_labels(examples, source)
@@ -418,7 +420,8 @@ class QATask:
         return result
 
     def predict(self, model: nn.Module, examples: Sequence) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(p) for p in self.answers(model, examples)]
+        # the five best answers are kept per question: the full n-best list is for decoding
+        return [{**dataclasses.asdict(p), "nbest": p.nbest[:5]} for p in self.answers(model, examples)]
 
 
 def _task_of_architecture(directory: Path) -> str | None:

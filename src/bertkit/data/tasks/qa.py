@@ -281,7 +281,8 @@ def decode_answers(start_logits: Sequence[torch.Tensor], end_logits: Sequence[to
             feature = encoded.features[f]
             null_score = min(null_score, float(start_logits[f][0] + end_logits[f][0]))
             candidates += _window_candidates(start_logits[f], end_logits[f], feature, owner, w, settings)
-        predictions.append(_choose(example, candidates, null_score, offsets, settings, allow_null))
+        words = encoded.words[i] if encoded.words else None
+        predictions.append(_choose(example, candidates, null_score, offsets, settings, allow_null, words))
     return predictions
 
 
@@ -306,12 +307,26 @@ def _window_candidates(start: torch.Tensor, end: torch.Tensor, feature: dict[str
     return out
 
 
+def snap_to_words(s: int, e: int, words: Sequence[int | None] | None) -> tuple[int, int]:
+    """Pieces s..e widened to the whole words they touch (words[p]: word index of piece p), so
+    an answer is never part of a word ("202" of 2026, "CPU" of "CPUs")."""
+    if not words:
+        return s, e
+    while s > 0 and words[s] is not None and words[s - 1] == words[s]:
+        s -= 1
+    while e + 1 < len(words) and words[e] is not None and words[e + 1] == words[e]:
+        e += 1
+    return s, e
+
+
 def _choose(example: QAExample, candidates: list[tuple[float, int, int]], null_score: float,
-            offsets: Sequence[tuple[int, int]], settings: QASettings, allow_null: bool) -> QAPrediction:
+            offsets: Sequence[tuple[int, int]], settings: QASettings, allow_null: bool,
+            words: Sequence[int | None] | None = None) -> QAPrediction:
     candidates.sort(key=lambda c: -c[0])
     nbest: list[dict[str, Any]] = []
     seen = set()
     for score, s, e in candidates:
+        s, e = snap_to_words(s, e, words)
         text = example.context[offsets[s][0]:offsets[e][1]]
         if text in seen:
             continue
