@@ -145,6 +145,8 @@ def test_resume_refuses_other_settings_and_a_finished_run(inputs, tmp_path):
     finally:
         ft.pad_batch = original
     assert [s for s, _ in state.list_checkpoints(out)] == [10]
+    crashed = json.loads((out / "eval.json").read_text())
+    assert crashed["status"] == "interrupted" and "--resume" in crashed["resume"]
     with pytest.raises(ValueError, match=r"cannot resume .* \(lr: 0.001 → 0.002"):
         ft.finetune("classify", base, train, out, eval_file=dev, resume=True, **{**settings, "lr": 2e-3})
     with pytest.raises(ValueError, match="resume and overwrite exclude each other"):

@@ -656,9 +656,14 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
                                       higher, device, precision, resume_from)
         precision = reports["precision"]
     except BaseException as err:
-        atomic_write_json(out / EVAL_FILE, _summary(config, state, metric, reports, started,
-                                                    status="interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
-                                                    error=f"{type(err).__name__}: {err}"))
+        failure = _summary(config, state, metric, reports, started,
+                           status="interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+                           error=f"{type(err).__name__}: {err}")
+        latest = train_state.latest_checkpoint(out)
+        if latest is not None:  # say how to continue, not only what was lost
+            failure["resume"] = (f"a training state is saved in {latest}; run the same command "
+                                 "with --resume to continue from it")
+        atomic_write_json(out / EVAL_FILE, failure)
         raise
     summary = _summary(config, state, metric, reports, started, status="done")
     if test is not None:
