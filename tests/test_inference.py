@@ -393,3 +393,14 @@ def test_compiled_int8_kernels_equal_the_eager_ones():
     acc = torch.randint(-5000, 5000, (29, 11), dtype=torch.int32)
     args = (eager[1], eager[2], torch.rand(11), torch.rand(11), torch.rand(11))
     assert torch.allclose(int8.dequantize(acc, *args), dequantize(acc, *args), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the varlen flash path)")
+def test_cuda_varlen_attention_matches_the_cpu_engine(minilm_dir):
+    texts = SENTENCES * 3
+    exact = embed(minilm_dir, texts)
+    gpu = Engine.load(minilm_dir, device="cuda", precision="bf16")  # 16-bit: the varlen kernel
+    vectors = embed(gpu, texts)
+    assert torch.nn.functional.cosine_similarity(vectors, exact).min() >= 0.999
+    alone = torch.cat([embed(gpu, [t]) for t in texts[:4]])
+    assert torch.nn.functional.cosine_similarity(alone, vectors[:4]).min() >= 0.9999

@@ -207,3 +207,27 @@ def test_bad_inputs_are_named(tiny_config, padded_batch, change, message):
     model = BertModel(tiny_config).eval()
     with pytest.raises(ValueError, match=message):
         model(**change(padded_batch))
+
+
+def test_packed_forward_equals_each_sequence_alone(tiny_config):
+    """forward_packed (the inference engine's layout: no padding anywhere) = forward per sequence."""
+    from bertkit.model import Packed
+
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    lengths = [7, 7, 5, 3, 3, 3, 9, 1]  # runs of equal lengths, and singletons
+    seqs = [torch.randint(0, tiny_config.vocab_size, (n,)) for n in lengths]
+    types = [torch.randint(0, tiny_config.type_vocab_size, (n,)) for n in lengths]
+    packed = Packed.from_lengths(lengths)
+    assert packed.runs == [(0, 2, 7), (14, 1, 5), (19, 3, 3), (28, 1, 9), (37, 1, 1)]
+    with torch.no_grad():
+        out = model.forward_packed(torch.cat(seqs), torch.cat(types), packed)
+        for i, (ids, tt) in enumerate(zip(seqs, types)):
+            alone = model(ids[None], tt[None])
+            start = int(packed.starts[i])
+            assert (out.hidden[start:start + lengths[i]] - alone.last_hidden_state[0]).abs().max() <= 1e-5
+            assert (out.pooler_output[i] - alone.pooler_output[0]).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        long = tiny_config.max_position_embeddings + 1
+        model.forward_packed(torch.zeros(long, dtype=torch.long), torch.zeros(long, dtype=torch.long),
+                             Packed.from_lengths([long]))
