@@ -566,6 +566,9 @@ def add_row(rows, outputs, workload, name, precision, peer, measured, items, tok
     seconds, output, note = measured
     rows.append(Row(workload, name, precision, peer, seconds, items, tokens, flops, note))
     outputs[(workload, name)] = output
+    print(f"    {name}: {min(seconds):.2f} s, {items / min(seconds):,.1f} inputs/s, "
+          f"{tokens / min(seconds):,.0f} tokens/s",
+          flush=True)
 
 
 def fill_comparisons(rows: list[Row], outputs: dict, ours: str, peer: str) -> None:
@@ -736,6 +739,10 @@ def main(argv: list[str] | None = None) -> None:
         for w in "abc":
             if w in args.workloads:
                 done[w] = runners[w](args, Path(tmp))
+                if args.json:  # what is measured so far survives a run cut short
+                    from bertkit.fileio import atomic_write_json
+                    atomic_write_json(args.json, {"partial": True, "peaks_before": peaks, "workloads": {
+                        k: {"title": t, "rows": [asdict(r) for r in rs]} for k, (rs, t, _) in done.items()}})
     # Peaks again after the rows, the higher kept: a peak caught during a burst of other load
     # would inflate every MFU.
     after = matmul_peaks(args.threads)
