@@ -89,6 +89,8 @@ SPECS: dict[str, Spec] = {
                     wrong_model="PT"),
     "datasets": Spec(["datasets", "zh-sentiment", "--out", "{OUT}"], out="dir",
                      existing=["zh-sentiment.train.jsonl"]),
+    # Every case fails while loading the model, before anything listens (port 0 regardless).
+    "serve": Spec(["serve", "{MODEL}", "--port", "0"], model_default="PT"),
 }
 
 

@@ -1,0 +1,20 @@
+"""`bertkit serve`: BERT models behind HTTP, speaking text-embeddings-inference's and OpenAI's APIs.
+
+    from bertkit.serve import Service, Limits, load_model, serve
+    service = Service({"minilm": load_model("minilm", "path/to/minilm")}, Limits())
+    serve(service, host="127.0.0.1", port=8080)
+
+One file per concern: `app.py` the routes (thin handlers), `scheduler.py` the queue that batches
+across requests on one model thread, `runners.py` how each use runs a merged batch,
+`limits.py` admission and back-pressure, `errors.py` the one error type and its status map,
+`schemas.py` request shapes, `metrics.py` Prometheus, `models.py` what a directory serves.
+Needs the `serve` extra (starlette, uvicorn, prometheus-client).
+"""
+
+from bertkit.serve.app import Service, build_app, serve
+from bertkit.serve.errors import ErrorType, ServeError
+from bertkit.serve.limits import Limits
+from bertkit.serve.models import ServedModel, load_model, parse_model_args
+
+__all__ = ["Service", "build_app", "serve", "Limits", "ErrorType", "ServeError", "ServedModel",
+           "load_model", "parse_model_args"]

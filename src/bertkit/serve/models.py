@@ -1,0 +1,129 @@
+"""The models one process serves: each directory loaded once, for every use its head supports.
+
+A directory's head is read from config.json's `architectures` (falling back to the weights: an
+MLM head where `cls.predictions.*` exist, else the bare encoder). One Engine per directory, for
+its head; every model also embeds (the encoder under any head) and tokenizes, so a classifier's
+sentence vectors are one route away without loading it twice.
+
+head            routes
+encoder         embed, v1/embeddings, tokenize
+masked LM       + fill-mask
+classifier      + predict (+ rerank when it has one label: a cross-encoder)
+token tagger    + ner
+QA              + qa
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertkit.inference import Engine
+from bertkit.tokenizer import BertTokenizer
+
+# config.json's architecture name (its suffix, so RoBERTa & co. fit too) → the engine task
+HEAD_TASKS = (("ForQuestionAnswering", "qa"), ("ForTokenClassification", "ner"),
+              ("ForSequenceClassification", "classify"), ("ForMaskedLM", "fill-mask"),
+              ("ForPreTraining", "fill-mask"))
+
+
+@dataclass
+class ServedModel:
+    """One model of the service: its name, engine, the routes it answers and its own tokenizer.
+
+    `tokenizer` is a second copy of the engine's, used only by the tokenizing thread: a
+    `tokenizers` object keeps its truncation settings as state, so two threads must not share it.
+    """
+    name: str
+    engine: Engine
+    tokenizer: BertTokenizer
+    uses: tuple[str, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.engine.max_length)
+
+    def describe(self) -> dict[str, Any]:
+        """TEI's /info fields for this model, plus the uses it serves."""
+        config = self.engine.config
+        if "classify" in self.uses:
+            labels = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+            kind = "reranker" if "rerank" in self.uses else "classifier"
+            model_type = {kind: {"id2label": {str(k): v for k, v in labels.items()},
+                                 "label2id": {v: k for k, v in labels.items()}}}
+        else:
+            pooling = self.engine.pooling.mode if self.engine.pooling else "mean"
+            model_type = {"embedding": {"pooling": pooling}}
+        return {"name": self.name, "model_id": str(self.engine.model_dir), "model_sha": None,
+                "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[self.engine.precision],
+                "precision": self.engine.precision, "device": str(self.engine.device),
+                "model_type": model_type, "uses": list(self.uses), "max_input_length": self.max_length,
+                "hidden_size": config.hidden_size}
+
+
+def head_task(model_dir: str | os.PathLike) -> str:
+    """The engine task for a directory's head: qa, ner, classify, fill-mask or embed."""
+    from bertkit.config import BertConfig
+
+    config = BertConfig.from_json(Path(model_dir) / "config.json")
+    for name in config.extra.get("architectures") or []:
+        for suffix, task in HEAD_TASKS:
+            if name.endswith(suffix):
+                return task
+        return "embed"  # a named architecture without a head we serve (BertModel, ...)
+    return "fill-mask" if _has_tensors(Path(model_dir), "cls.predictions") else "embed"
+
+
+def _has_tensors(model_dir: Path, prefix: str) -> bool:
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        return False
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), "pt") as f:
+            return any(k.startswith(prefix) for k in f.keys())
+    except Exception:  # damaged weights: let Engine.load report them with its own message
+        return False
+
+
+def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -> ServedModel:
+    """Load `model_dir` for its head (see the module docstring); errors name the directory."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model dir {model_dir} does not exist or is not a directory")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{model_dir} has no config.json, so it is not a model directory; give a "
+                         "directory saved by bertkit or Hugging Face (config.json + weights + vocab)")
+    task = head_task(path)
+    engine = Engine.load(path, task=task, **engine_options)
+    uses = ["embed", "tokenize"]
+    if task == "fill-mask":
+        uses.append("fill-mask")
+    elif task == "classify":
+        uses.append("predict")
+        if engine.config.num_labels == 1 and engine.config.problem_type != "regression":
+            uses.append("rerank")
+    elif task in ("ner", "qa"):
+        uses.append(task)
+    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(uses))
+
+
+def parse_model_args(specs: list[str]) -> list[tuple[str, str]]:
+    """["DIR", "NAME=DIR", ...] → [(name, dir)]; a bare DIR is named after its last part."""
+    out: list[tuple[str, str]] = []
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        if not sep or not name or os.path.exists(spec):
+            name, directory = Path(spec.rstrip("/")).name or spec, spec
+        if not directory:
+            raise ValueError(f"model {spec!r} has an empty directory; write NAME=MODEL_DIR")
+        if any(name == seen for seen, _ in out):
+            raise ValueError(f"two models are named {name!r}; name them apart with NAME=MODEL_DIR")
+        out.append((name, directory))
+    if not out:
+        raise ValueError("bertkit serve needs at least one MODEL_DIR")
+    return out

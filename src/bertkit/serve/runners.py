@@ -1,0 +1,72 @@
+"""How each use runs the inputs of several requests as one call of the engine.
+
+A runner takes a model, the options its requests share (`key`) and the inputs of all of them
+in order, and returns one result per input. Embeddings and classifier logits start from token
+ids made on the tokenizing thread and go through `Engine.run` with the same head the library's
+`embed` / `classify` use; fill-mask, NER and QA call the library functions on the merged texts
+(their windows and word handling live there). Either way the engine makes each sequence's
+result independent of its neighbours, so a request's answer equals the library's for it alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from bertkit.inference import fill_mask, ner, qa
+from bertkit.inference.embed import _encoder, pool, resolve_pooling
+from bertkit.serve.models import ServedModel
+
+Ids = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one sequence, specials included
+
+
+def _run_ids(model: ServedModel, items: Sequence[Ids], head: Callable) -> list[torch.Tensor]:
+    out: list[Any] = [None] * len(items)
+    for index, rows in model.engine.run([i[0] for i in items], [i[1] for i in items], head):
+        for i, row in zip(index, rows):
+            out[i] = row
+    return out
+
+
+def run_embed(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
+    """(H,) float32 pooled vector per sequence, not normalized (each request decides)."""
+    mode, _ = resolve_pooling(model.engine, None, None)
+    encoder = _encoder(model.engine.model)
+
+    def head(_model, batch) -> torch.Tensor:
+        hidden = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).hidden
+        return pool(hidden, batch, mode).cpu()  # (B, H)
+
+    return _run_ids(model, items, head)
+
+
+def run_logits(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
+    """(K,) float32 classifier logits per sequence (a text or a pair)."""
+
+    def head(m, batch) -> torch.Tensor:
+        return m.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).logits.float().cpu()
+
+    return _run_ids(model, items, head)
+
+
+def run_fill_mask(model: ServedModel, key: tuple, texts: Sequence[str]) -> list[list[list[dict]]]:
+    top_k, targets = key
+    found = fill_mask(model.engine, list(texts), top_k=top_k, targets=list(targets) if targets else None)
+    return [[[{"token": c.token, "token_id": c.token_id, "score": c.prob} for c in mask] for mask in text]
+            for text in found]
+
+
+def run_ner(model: ServedModel, key: tuple, texts: Sequence[str]) -> list[list[dict]]:
+    return ner(model.engine, list(texts))
+
+
+def run_qa(model: ServedModel, key: tuple, pairs: Sequence[tuple[str, str]]) -> list[list[dict]]:
+    top_k, max_answer_length, allow_no_answer = key
+    return qa(model.engine, [q for q, _ in pairs], [c for _, c in pairs], top_k=top_k,
+              max_answer_length=max_answer_length, allow_no_answer=allow_no_answer)
+
+
+RUNNERS: dict[str, Callable[[ServedModel, tuple, Sequence[Any]], list[Any]]] = {
+    "embed": run_embed, "logits": run_logits, "fill-mask": run_fill_mask, "ner": run_ner, "qa": run_qa,
+}

@@ -1,0 +1,174 @@
+"""Batching across requests: one queue, one model thread, runs formed from whatever is queued.
+
+Handlers put a `Job` (a model, a use, the options its inputs share, the inputs) on the queue and
+await its future. The model thread takes jobs from the head of the queue up to the token
+budget (`max_batch_tokens`; one job always, however long), merges the jobs of the same model,
+use and options into one runner call (the engine then sorts them by length into packed,
+padding-free batches), and hands each job its slice of the results back on the event loop.
+
+So the event loop never runs the model, the model thread never parses HTTP, and tokenization
+has a thread of its own (`tokenize`) so it overlaps the model's work. A job whose client went
+away (its future cancelled) is dropped before it is run. `stop` lets the thread finish every
+queued job, then ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bertkit.serve.errors import ErrorType, ServeError, validation
+from bertkit.serve.metrics import Metrics
+from bertkit.serve.models import ServedModel
+from bertkit.serve.runners import RUNNERS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    model: ServedModel
+    use: str  # a key of runners.RUNNERS
+    key: tuple  # options every input of a merged run must share (top_k, ...)
+    items: list[Any]  # the inputs, as the runner takes them
+    tokens: int  # real tokens (or an estimate), for the run's budget
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def group(self) -> tuple:
+        return (self.model.name, self.use, self.key)
+
+
+class Scheduler:
+    def __init__(self, max_batch_tokens: int, metrics: Metrics):
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        self.max_batch_tokens = max_batch_tokens
+        self.metrics = metrics
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="bertkit-model", daemon=True)
+        self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="bertkit-tokenize")
+        self.runs = 0  # runner calls made (each one or more engine batches)
+        self._thread.start()
+
+    # -- the event loop's side ---------------------------------------------------------------
+    async def tokenize(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the tokenizing thread (the one user of each model's serve tokenizer)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer, fn, *args)
+
+    async def submit(self, model: ServedModel, use: str, key: tuple, items: list[Any], tokens: int) -> list[Any]:
+        """The runner's results for `items`, computed on the model thread with other jobs."""
+        loop = asyncio.get_running_loop()
+        job = Job(model, use, key, items, tokens, loop.create_future(), loop)
+        with self._cond:
+            if self._stopping:
+                raise ServeError(ErrorType.UNHEALTHY, "the server is shutting down; retry on another "
+                                 "instance", retry_after=1)
+            self._queue.append(job)
+            self.metrics.queue_size.set(len(self._queue))
+            self._cond.notify()
+        return await job.future  # cancelled with the request: the model thread then skips it
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    async def stop(self, timeout: float = 60.0) -> None:
+        """Finish every queued job, then end the model thread (called at shutdown)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        await asyncio.to_thread(self._thread.join, timeout)
+        self._tokenizer.shutdown(wait=True)
+
+    # -- the model thread --------------------------------------------------------------------
+    def _take(self) -> list[Job]:
+        """Jobs from the head of the queue within the token budget (at least one)."""
+        jobs: list[Job] = []
+        tokens = 0
+        while self._queue:
+            job = self._queue[0]
+            if job.future.cancelled():  # the client is gone: drop its work
+                self._queue.popleft()
+                continue
+            if jobs and tokens + job.tokens > self.max_batch_tokens:
+                break
+            jobs.append(self._queue.popleft())
+            tokens += job.tokens
+        self.metrics.queue_size.set(len(self._queue))
+        return jobs
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # stopping, and nothing left to do
+                jobs = self._take()
+            groups: dict[tuple, list[Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.group, []).append(job)
+            for group in groups.values():
+                self._run(group)
+
+    def _run(self, jobs: list[Job]) -> None:
+        jobs = [j for j in jobs if not j.future.done()]
+        if not jobs:
+            return
+        first = jobs[0]
+        start = time.perf_counter()
+        for job in jobs:
+            self.metrics.queue_seconds.labels(first.model.name).observe(start - job.enqueued)
+        items = [item for job in jobs for item in job.items]
+        try:
+            results = RUNNERS[first.use](first.model, first.key, items)
+        except ValueError as err:  # the library refused an input (a text without [MASK], ...)
+            if len(jobs) > 1:  # only the request at fault should fail: run them one by one
+                for job in jobs:
+                    self._run([job])
+                return
+            _resolve(first, error=validation(str(err)))
+            return
+        except Exception as err:  # noqa: BLE001  a model failure must answer, not hang the request
+            log.exception("model %s failed on a %s run", first.model.name, first.use)
+            for job in jobs:
+                _resolve(job, error=ServeError(ErrorType.BACKEND, f"model {first.model.name} failed: "
+                                               f"{type(err).__name__}: {err}"))
+            return
+        elapsed = time.perf_counter() - start
+        labels = (first.model.name, first.use)
+        self.metrics.inference_seconds.labels(*labels).observe(elapsed)
+        self.metrics.batch_size.labels(*labels).observe(len(items))
+        self.metrics.batch_tokens.labels(*labels).observe(sum(j.tokens for j in jobs))
+        self.metrics.batch_requests.labels(*labels).observe(len(jobs))
+        self.runs += 1
+        offset = 0
+        for job in jobs:
+            _resolve(job, results[offset:offset + len(job.items)])
+            offset += len(job.items)
+
+
+def _resolve(job: Job, result: Any = None, error: BaseException | None = None) -> None:
+    def settle() -> None:
+        if job.future.done():  # cancelled meanwhile
+            return
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+
+    try:
+        job.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
