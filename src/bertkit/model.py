@@ -239,6 +239,11 @@ class Packed:
             longest = max(self.lengths)
             y = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, longest, longest)  # (N, nh, hs)
             return y.reshape(qkv.shape[0], nh * hs)
+        if len(self.runs) == 1:  # one length: SDPA's output, transposed, is already (N, H) in order
+            count, length = self.runs[0][1:]
+            q, k, v = qkv.view(count, length, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
+            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
+            return y.transpose(1, 2).reshape(qkv.shape[0], nh * hs)  # a view when SDPA's layout allows
         out = qkv.new_empty(qkv.shape[0], nh * hs)  # (N, H)
         for first, count, length in self.runs:
             rows = slice(first, first + count * length)
