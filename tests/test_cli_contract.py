@@ -91,6 +91,12 @@ SPECS: dict[str, Spec] = {
                      existing=["zh-sentiment.train.jsonl"]),
     # Every case fails while loading the model, before anything listens (port 0 regardless).
     "serve": Spec(["serve", "{MODEL}", "--port", "0"], model_default="PT"),
+    "index": Spec(["index", "{INPUT}", "--model", "{MODEL}", "--out", "{OUT}", "--no-progress"],
+                  out="dir", existing=["index.json"], input_suffix=".txt", input_default="TEXTS",
+                  model_default="PT"),
+    # The index is good in every case; the model slot is the reranker.
+    "search": Spec(["search", "{INDEX}", "the cat", "--rerank", "{MODEL}"], model_default="RERANK",
+                   wrong_model="PT"),
 }
 
 
@@ -210,9 +216,12 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     qa_rows = root / "qa.jsonl"
     qa_rows.write_text(json.dumps({"question": "what does the cat see?",
                                    "context": "the cat sees the red ball."}) + "\n", encoding="utf-8")
+    from bertkit.retrieval import build_index
+
+    build_index(texts, pt, root / "index", progress=False)
     torch.set_num_threads(before)
     return {"PT": pt, "CLF": clf, "DATA": data, "TRAIN": train, "TEXTS": texts, "CORPUS": corpus,
-            "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only,
+            "INDEX": root / "index", "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only,
             "MASK_TEXTS": mask_texts, "QA_ROWS": qa_rows,
             **{name: root / name.lower() for name in heads}}
 

@@ -1,0 +1,178 @@
+"""Exact inner-product search over an index, in chunks, and optional cross-encoder reranking.
+
+`top_k_inner_product(vectors, queries, k)` scores every document (no approximation) while
+holding at most `budget` scores in memory at a time: queries go in groups and documents in
+chunks of rows (a memory-mapped (N, H) array is read chunk by chunk), and a running top-k per
+query is merged after each chunk. With the default budget (2**22 scores, 16 MiB) a million
+documents × 32 queries stays under ~60 MiB whatever N is.
+
+`search(index_dir, queries, ...)` embeds the queries with the index's own model (another model
+is refused: its vectors live in another space), retrieves `candidates` documents per query and,
+with `rerank=CROSS_ENCODER`, orders those by the cross-encoder's scores and keeps `top_k`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertkit.retrieval.index import Index, open_index
+
+DEFAULT_BUDGET = 1 << 22  # scores (float32) held at once: 16 MiB
+
+
+def top_k_inner_product(vectors: np.ndarray, queries: np.ndarray, k: int, *,
+                        budget: int = DEFAULT_BUDGET) -> tuple[np.ndarray, np.ndarray]:
+    """The k rows of `vectors` with the largest inner product with each query, exactly.
+
+    vectors: (N, H) float (a memory map is fine: it is read in chunks); queries: (Q, H).
+    Returns (scores (Q, k') float32, rows (Q, k') int64), best first, k' = min(k, N); equal
+    scores are ordered by row.
+    """
+    queries = np.asarray(queries, dtype=np.float32)
+    if queries.ndim != 2 or vectors.ndim != 2 or queries.shape[1] != vectors.shape[1]:
+        raise ValueError(f"queries {queries.shape} and vectors {vectors.shape} must be (Q, H) "
+                         "and (N, H) with the same H")
+    if k < 1:
+        raise ValueError(f"k must be positive, got {k}")
+    n = int(vectors.shape[0])
+    k = min(k, n)
+    if budget < 1:
+        raise ValueError(f"budget must be positive, got {budget}")
+    group = max(1, min(len(queries), budget // max(k, 1024)))  # queries scored together
+    chunk = max(k, budget // group)  # document rows per step
+    all_scores = np.empty((len(queries), k), dtype=np.float32)
+    all_rows = np.empty((len(queries), k), dtype=np.int64)
+    for q0 in range(0, len(queries), group):
+        block = queries[q0:q0 + group]  # (G, H)
+        best_s = np.full((len(block), 0), -np.inf, dtype=np.float32)  # (G, ≤k) running top-k
+        best_r = np.zeros((len(block), 0), dtype=np.int64)
+        for lo in range(0, n, chunk):
+            rows = np.asarray(vectors[lo:lo + chunk], dtype=np.float32)  # (C, H) one chunk read
+            scores = block @ rows.T  # (G, C)
+            take = min(k, scores.shape[1])
+            part = np.argpartition(-scores, take - 1, axis=1)[:, :take]  # (G, take)
+            cand_s = np.concatenate([best_s, np.take_along_axis(scores, part, 1)], axis=1)
+            cand_r = np.concatenate([best_r, part + lo], axis=1)
+            keep = np.argsort(-cand_s, axis=1, kind="stable")[:, :k]  # (G, ≤k)
+            best_s = np.take_along_axis(cand_s, keep, 1)
+            best_r = np.take_along_axis(cand_r, keep, 1)
+        # Final order: score descending, then row ascending, so ties do not depend on chunking.
+        for g in range(len(block)):
+            order = np.lexsort((best_r[g], -best_s[g]))
+            all_scores[q0 + g] = best_s[g][order]
+            all_rows[q0 + g] = best_r[g][order]
+    return all_scores, all_rows
+
+
+@dataclass
+class Hit:
+    """One retrieved document."""
+    rank: int  # 1-based
+    id: str
+    score: float  # inner product (first stage) or the cross-encoder's score (reranked)
+    row: int  # the document's row in the index
+    text: str
+    first_stage_score: float | None = None  # the bi-encoder's score when reranked
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Searcher:
+    """An index with its query model (and optional reranker) loaded once, for many queries."""
+
+    index: Index
+    engine: Any  # bertkit.inference.Engine of the index's model
+    reranker: Any = None  # Engine of a cross-encoder, or None
+    timings: dict[str, float] | None = None
+
+    @classmethod
+    def open(cls, index_dir: str | os.PathLike, *, model: Any = None, rerank: Any = None,
+             **engine_options: Any) -> "Searcher":
+        """model: None (the index's own model dir), a model dir or an Engine, checked against the
+        index's fingerprint. rerank: a cross-encoder dir or Engine (task rerank)."""
+        from bertkit.inference import Engine
+
+        index = open_index(index_dir)
+        if isinstance(model, Engine):
+            engine = model
+        else:
+            model_dir = model if model is not None else index.meta["model"]
+            if not os.path.isdir(model_dir):
+                raise FileNotFoundError(f"the index's model {model_dir} is not there any more; pass "
+                                        "--model with the same model, or rebuild the index")
+            engine = None
+            index.check_model(model_dir)  # before loading weights: a wrong model fails fast
+            engine = Engine.load(model_dir, task="embed", max_length=index.meta["max_length"],
+                                 **engine_options)
+        if engine.model_dir is None:
+            raise ValueError("the query Engine has no model_dir to check against the index; load it "
+                             "with Engine.load(model_dir)")
+        index.check_model(engine.model_dir, engine.tokenizer)
+        reranker = None
+        if rerank is not None:
+            reranker = rerank if isinstance(rerank, Engine) else _load_reranker(rerank, engine_options)
+        return cls(index, engine, reranker)
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        from bertkit.inference import embed
+
+        meta = self.index.meta
+        return embed(self.engine, list(queries), pooling=meta["pooling"],
+                     normalize=meta["normalize"]).numpy()  # (Q, H)
+
+    def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
+               budget: int = DEFAULT_BUDGET) -> list[list[Hit]]:
+        """The best `top_k` documents per query (reranked from `candidates` with a reranker)."""
+        from bertkit.inference import rerank as rerank_fn
+        from bertkit.inference.common import as_texts
+
+        queries = as_texts(queries, "query")
+        if top_k < 1 or candidates < 1:
+            raise ValueError(f"top_k ({top_k}) and candidates ({candidates}) must be positive")
+        if self.reranker is not None and candidates < top_k:
+            raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
+                             "order what the first stage found; raise --candidates")
+        first = candidates if self.reranker is not None else top_k
+        tick = time.perf_counter()
+        vectors = self.embed_queries(queries)
+        scores, rows = top_k_inner_product(self.index.vectors, vectors, first, budget=budget)
+        timings = {"retrieve_ms": (time.perf_counter() - tick) * 1000, "rerank_ms": 0.0}
+        out = []
+        for qi, query in enumerate(queries):
+            docs = self.index.documents(rows[qi].tolist())
+            if self.reranker is None:
+                out.append([Hit(r + 1, d["id"], float(s), int(row), d["text"])
+                            for r, (s, row, d) in enumerate(zip(scores[qi], rows[qi], docs))])
+                continue
+            tick = time.perf_counter()
+            ranked = rerank_fn(self.reranker, query, [d["text"] for d in docs], top_k=top_k)
+            timings["rerank_ms"] += (time.perf_counter() - tick) * 1000
+            out.append([Hit(r + 1, docs[h["index"]]["id"], h["score"], int(rows[qi][h["index"]]),
+                            docs[h["index"]]["text"], float(scores[qi][h["index"]]))
+                        for r, h in enumerate(ranked)])
+        self.timings = timings
+        return out
+
+
+def _load_reranker(model_dir: Any, engine_options: dict[str, Any]):
+    from bertkit.fileio import missing_model_dir
+    from bertkit.inference import Engine
+
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(missing_model_dir(model_dir, "--rerank"))
+    return Engine.load(model_dir, task="rerank", **engine_options)
+
+
+def search(index_dir: str | os.PathLike, queries: str | Sequence[str], *, top_k: int = 10,
+           candidates: int = 100, model: Any = None, rerank: Any = None,
+           **engine_options: Any) -> list[list[Hit]]:
+    """One-shot search: open the index (and models), answer `queries`; see `Searcher`."""
+    searcher = Searcher.open(index_dir, model=model, rerank=rerank, **engine_options)
+    return searcher.search(queries, top_k=top_k, candidates=candidates)
