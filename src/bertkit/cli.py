@@ -649,6 +649,13 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-ratio", type=float, help="share of steps warming up (0.1)")
     p.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
     p.add_argument("--freeze-encoder", action="store_true", help="train the task head only")
+    p.add_argument("--lora", metavar="SPEC",
+                   help="LoRA adapters instead of full fine-tuning, e.g. r=8,alpha=16,dropout=0.05,"
+                   "targets=query,value (targets among query, key, value, attention.output, "
+                   "intermediate, output); only the adapters and the head train")
+    p.add_argument("--lora-save", choices=["merged", "adapters"],
+                   help="with --lora: merged into a plain checkpoint (default) or PEFT adapter files "
+                   "(adapter_config.json + adapter_model.safetensors)")
     p.add_argument("--patience", type=int, help="stop after N epochs without a better eval score")
     p.add_argument("--seed", type=int)
     p.add_argument("--max-length", type=int, help="pieces per window (128; qa 384)")

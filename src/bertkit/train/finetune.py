@@ -61,7 +61,7 @@ from bertkit.data.tasks.common import (IGNORE_INDEX, DataReport, WordPieces, for
 from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, missing_model_dir
 from bertkit.heads import HEADS
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
-from bertkit.train import distributed, optim, state as train_state
+from bertkit.train import distributed, lora, optim, state as train_state
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,10 @@ class FinetuneConfig:
     warmup_ratio: float = 0.1  # share of the steps spent warming up, as the reference run_classifier
     max_grad_norm: float = 1.0
     freeze_encoder: bool = False  # train the head only (a linear probe of the encoder)
+    # LoRA adapters instead of full fine-tuning: "r=8,alpha=16,dropout=0.05,targets=query,value"
+    # (bertkit.train.lora); only the adapters and the head train.
+    lora: str | None = None
+    lora_save: str = "merged"  # merged: a plain checkpoint; adapters: PEFT's adapter files
     patience: int | None = None  # stop after this many epochs without a better eval score
     seed: int = 42
 
@@ -164,6 +168,19 @@ class FinetuneConfig:
             problems.append("resume and overwrite exclude each other; pass one")
         if self.precision not in PRECISIONS:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.lora is not None:
+            try:
+                lora.LoraSpec.parse(self.lora)
+            except ValueError as err:
+                problems.append(str(err))
+            if self.freeze_encoder:
+                problems.append("lora and freeze_encoder exclude each other (LoRA freezes the encoder "
+                                "itself and trains adapters in it); pass one")
+        if self.lora_save not in lora.SAVE_MODES:
+            problems.append(f"lora_save must be one of {', '.join(lora.SAVE_MODES)}, got {self.lora_save!r}")
+        elif self.lora_save == "adapters" and self.lora is not None and self.model in PRESETS:
+            problems.append(f"lora_save adapters needs a pre-trained --model directory to load them onto, "
+                            f"not the preset {self.model!r} (random weights); use lora_save merged")
         if self.ner_invalid not in ("skip", "repair"):
             problems.append(f"ner_invalid must be 'skip' or 'repair', got {self.ner_invalid!r}")
         if problems:
@@ -631,11 +648,15 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     if config.freeze_encoder:
         for param in model.bert.parameters():
             param.requires_grad_(False)
+    lora_report = None
+    if config.lora:
+        lora_report = lora.apply_lora(model, lora.LoraSpec.parse(config.lora))
+        log.info("%s", lora_report.summary())
 
     resume_from = _resume_point(config, out)
     if resume_from is None:
         _start_out_dir(out)
-        model.save_pretrained(out)  # config and initial weights first, so the directory is complete
+        _save_model(model, out, config)  # config and initial weights first, so the directory is complete
         tokenizer.save_pretrained(out)
     atomic_write_json(out / CONFIG_FILE, config.to_dict())
     reports = {"precision": precision, "train": train_report.to_dict(), "train_examples": len(train),
@@ -644,6 +665,8 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         reports["eval"] = evaluation[1].to_dict()
     if test is not None:
         reports["test"] = test[1].to_dict()
+    if lora_report is not None:
+        reports["lora"] = lora_report.to_dict()
     for report in (train_report, evaluation and evaluation[1], test and test[1]):
         if report and report.n_skipped:
             log.warning("%s", report.summary())
@@ -667,7 +690,7 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         raise
     summary = _summary(config, state, metric, reports, started, status="done")
     if test is not None:
-        best = type(model).from_pretrained(out).to(device)
+        best = _load_best(model, out, config, label_overrides).to(device)
         with autocast(device, precision):
             summary["test"] = task.evaluate(best, test[0], config.test)
     atomic_write_json(out / EVAL_FILE, summary)
@@ -721,7 +744,7 @@ def _save_training_state(out: Path, step: int, model: nn.Module, trainer_state: 
     final, tmp = root / f"step-{step}", root / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp)
+    lora.save_weights(model, tmp)  # a LoRA model: frozen base + adapters, apart
     torch.save(trainer_state, tmp / train_state.TRAINER_STATE)
     for path in tmp.iterdir():  # rename is atomic; fsync makes the content survive a power loss
         with open(path, "rb") as f:
@@ -731,6 +754,24 @@ def _save_training_state(out: Path, step: int, model: nn.Module, trainer_state: 
     os.replace(tmp, final)
     for _, old in train_state.list_checkpoints(out)[:-1]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_model(model: nn.Module, out: Path, config: FinetuneConfig) -> None:
+    """The model OUT_DIR holds: itself, or with LoRA merged / as PEFT adapters (`lora_save`)."""
+    if config.lora:
+        lora.save_lora(model, out, config.lora_save, base_model=str(Path(config.model).resolve()))
+    else:
+        model.save_pretrained(out)
+
+
+def _load_best(model: nn.Module, out: Path, config: FinetuneConfig, label_overrides: dict) -> nn.Module:
+    """The best model saved in OUT_DIR, for the test score: as `_save_model` wrote it."""
+    if config.lora and config.lora_save == "adapters":
+        best = build_model(config.task, config.model, model.config.vocab_size, label_overrides, config.seed)
+        lora.apply_lora(best, lora.LoraSpec.parse(config.lora))
+        lora.load_adapters(best, out)
+        return best.eval()
+    return type(model).from_pretrained(out)
 
 
 def _truncate_steps_log(path: Path, step: int) -> None:
@@ -770,7 +811,7 @@ def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict],
             raise ValueError(f"{resume_from} was trained on other inputs than {config.train} gives now "
                              "(the file or the tokenizer changed); resume with the original data, "
                              "or start over with --overwrite")
-        load_into(model, read_state_dict(resume_from), str(resume_from))
+        lora.load_weights(model, resume_from)
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["scheduler"])
         step, first_epoch, skip = int(saved["step"]), int(saved["epoch"]), int(saved["batch_in_epoch"])
@@ -848,7 +889,7 @@ def _train(config: FinetuneConfig, task, model: nn.Module, features: list[dict],
         if evaluation is None or _improved(value, state.best, higher):
             state.best, state.best_epoch = value, epoch
             state.best_eval = record.get("eval")
-            model.save_pretrained(out)  # atomic per file; the config does not change between epochs
+            _save_model(model, out, config)  # atomic per file; the config does not change between epochs
             record["saved"] = True
         state.records.append(record)
         atomic_write_text(out / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in state.records))
