@@ -630,7 +630,17 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                        "with finetune_config.json, metrics.jsonl and eval.json; the best epoch is "
                        "saved as soon as it is scored.",
                        argument_default=argparse.SUPPRESS)
-    p.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa"])
+    p.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa", "embed", "rerank"],
+                   help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (BCE on "
+                   "mined negatives); their data: JSONL {query, positive, negatives?} or TSV "
+                   "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval")
+    p.add_argument("--pooling", choices=["mean", "cls"], help="embed: pooling (mean)")
+    p.add_argument("--scale", type=float, help="embed: cosine × scale = logit (20, a temperature of 0.05)")
+    p.add_argument("--hard-negatives", type=int, help="embed: a row's negatives per query in the batch (1)")
+    p.add_argument("--negatives", type=int, help="rerank: negatives per positive (3)")
+    p.add_argument("--mine", choices=["bm25", "biencoder", "none"],
+                   help="rerank: where negatives beyond a row's own come from (bm25)")
+    p.add_argument("--mine-model", help="rerank: bi-encoder dir for --mine biencoder")
     p.add_argument("--model", required=True, help="model directory, or preset (tiny … large) for random init")
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--train", help="training file (CSV/TSV/JSONL; CoNLL/JSONL for ner; SQuAD JSON "
@@ -699,7 +709,18 @@ def _run_finetune(args: argparse.Namespace) -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
+    from bertkit.train import retrieval
+
+    extra = {k: settings.pop(k) for k in retrieval.RETRIEVAL_OPTIONS if k in settings}
     config = FinetuneConfig(**settings)
+    if config.task in retrieval.TASKS:
+        summary = retrieval.run(retrieval.from_finetune_config(config, **extra))
+        print(f"model saved in {config.out_dir}; " + json.dumps(summary.get("eval") or {}))
+        print(json.dumps(summary, ensure_ascii=False))
+        return
+    if extra:
+        raise ValueError(f"--{next(iter(extra)).replace('_', '-')} applies to --task embed / rerank "
+                         f"only, not {config.task}")
     summary = run_finetune(config)
     print(finetune_summary_line(summary, config.out_dir))
     print(json.dumps(summary, ensure_ascii=False))
@@ -775,9 +796,21 @@ def _run_datasets(args: argparse.Namespace) -> None:
         for name, info in labelled.LABELLED_SETS.items():
             sizes = ", ".join(f"{s} {len(labelled.load_labelled(name, s))}" for s in labelled.SPLITS)
             print(f"{name:14} {info.task:9} {info.description} ({sizes})")
+        from bertkit.retrieval.datasets import RETRIEVAL_SETS, load_retrieval
+
+        for name, info in RETRIEVAL_SETS.items():
+            data = load_retrieval(name)
+            sizes = ", ".join(f"{s} {len(q)} queries" for s, q in data.queries.items())
+            print(f"{name:14} retrieval {info.description} (corpus {len(data.corpus)}; {sizes})")
         return
     if not args.out:
         raise ValueError("writing a data set needs --out DIR")
+    from bertkit.retrieval.datasets import RETRIEVAL_SETS, write_retrieval
+
+    if args.name in RETRIEVAL_SETS:
+        for part, path in write_retrieval(args.name, args.out, overwrite=args.overwrite).items():
+            print(f"{part}: {path}")
+        return
     for split, path in labelled.write_labelled(args.name, args.out, overwrite=args.overwrite).items():
         print(f"{split}: {path}")
 

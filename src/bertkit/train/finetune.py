@@ -66,6 +66,7 @@ from bertkit.train import distributed, lora, optim, state as train_state
 log = logging.getLogger(__name__)
 
 TASKS = ("classify", "pair", "ner", "qa")
+RETRIEVAL_TASKS = ("embed", "rerank")  # bi-encoder / cross-encoder: bertkit.train.retrieval
 CONFIG_FILE = "finetune_config.json"
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
@@ -149,8 +150,8 @@ class FinetuneConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.task not in TASKS:
-            problems.append(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.task not in TASKS + RETRIEVAL_TASKS:
+            problems.append(f"unknown task {self.task!r}; choose one of {', '.join(TASKS + RETRIEVAL_TASKS)}")
         for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "max_query_length",
                      "max_answer_length", "n_best", "save_every"):
             value = getattr(self, name)
@@ -607,6 +608,10 @@ def finetune(task: str, model_dir: str, train_file: str, out_dir: str, *, eval_f
 
 def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     """Run one fine-tuning (see the module docstring); returns eval.json's content."""
+    if config.task in RETRIEVAL_TASKS:
+        from bertkit.train import retrieval
+
+        return retrieval.run(retrieval.from_finetune_config(config))
     out = _check_out_dir(config)  # fail before any work; create it only once the inputs are good
     tokenizer = _load_tokenizer(config)
     pieces = WordPieces.of(tokenizer)
