@@ -15,6 +15,7 @@ QA              + qa
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,14 +34,21 @@ HEAD_TASKS = (("ForQuestionAnswering", "qa"), ("ForTokenClassification", "ner"),
 class ServedModel:
     """One model of the service: its name, engine, the routes it answers and its own tokenizer.
 
-    `tokenizer` is a second copy of the engine's, used only by the tokenizing thread: a
-    `tokenizers` object keeps its truncation settings as state, so two threads must not share it.
+    `tokenizer` and `loop_tokenizer` are copies of the engine's, one used only by the tokenizing
+    thread and one only by the event loop (short inputs, where a thread hop costs more than the
+    tokenizing): a `tokenizers` object keeps its truncation settings as state, so two threads
+    must never share one.
     """
     name: str
     engine: Engine
     tokenizer: BertTokenizer
     uses: tuple[str, ...]
+    loop_tokenizer: BertTokenizer | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.loop_tokenizer is None:
+            self.loop_tokenizer = copy.deepcopy(self.tokenizer)
 
     @property
     def max_length(self) -> int:

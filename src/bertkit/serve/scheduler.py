@@ -6,8 +6,9 @@ budget (`max_batch_tokens`; one job always, however long), merges the jobs of th
 use and options into one runner call (the engine then sorts them by length into packed,
 padding-free batches), and hands each job its slice of the results back on the event loop.
 
-So the event loop never runs the model, the model thread never parses HTTP, and tokenization
-has a thread of its own (`tokenize`) so it overlaps the model's work. A job whose client went
+So the event loop never runs the model, the model thread never parses HTTP or tokenizes, and
+long requests are tokenized on a thread of their own (`tokenize`), so that overlaps the model's
+work without stalling the loop (short ones are tokenized on the loop: cheaper than the hop). A job whose client went
 away (its future cancelled) is dropped before it is run. `stop` lets the thread finish every
 queued job, then ends it.
 """
