@@ -42,7 +42,7 @@ def test_labels_round_trip(tmp_path):
     ({"hidden_act": "mish"}, "unknown hidden_act 'mish'"),
     ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be in"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
-    ({"model_type": "roberta"}, "model_type 'roberta' is not BERT"),
+    ({"model_type": "gpt2"}, "model_type .gpt2. is not in the BERT family"),
 ])
 def test_invalid_values_are_named(values, message):
     with pytest.raises(ValueError, match=message):

@@ -20,6 +20,16 @@ one fused Q/K/V projection, and this module converts between the two:
     cls.predictions.decoder.weight                         (tied to the word embeddings)
     cls.seq_relationship.*                                 nsp.*
 
+RoBERTa, ALBERT and DistilBERT checkpoints convert through their own tables (`NAME_MAPS`, chosen
+by config.json's `model_type`) into the same memory names: the encoder sits under `roberta.`,
+`albert.` or `distilbert.` on disk; ALBERT's stored layer `albert_layer_groups.g.albert_layers.j`
+is `layers.(g × inner_group_num + j)`, its `encoder.embedding_hidden_mapping_in` is `embed_proj`,
+its MLM head `predictions.*` and SOP head `sop_classifier.classifier` is `nsp`; RoBERTa's MLM head
+is `lm_head.{dense,layer_norm,bias}`; DistilBERT's layers are
+`transformer.layer.i.{attention.{q,k,v,out}_lin, sa_layer_norm, ffn.lin1, ffn.lin2,
+output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,projector}`. Task heads keep
+their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
+
 Real checkpoints also carry TF-era `gamma`/`beta` LayerNorm names, `position_ids` buffers, no
 `bert.` prefix (a bare encoder loaded under a head) or one too many (a pre-training checkpoint
 loaded as a bare encoder); all are accepted. Missing and unexpected tensors are reported
@@ -47,46 +57,6 @@ logger = logging.getLogger(__name__)
 SAFETENSORS_NAME = "model.safetensors"
 PYTORCH_NAME = "pytorch_model.bin"
 
-# (bertkit name prefix, Hugging Face name prefix), both without "bert."; {} is a layer number.
-_RENAMES: list[tuple[str, str]] = [
-    ("embeddings.norm.", "embeddings.LayerNorm."),
-    ("layers.{}.attn_out.", "encoder.layer.{}.attention.output.dense."),
-    ("layers.{}.attn_norm.", "encoder.layer.{}.attention.output.LayerNorm."),
-    ("layers.{}.ffn_in.", "encoder.layer.{}.intermediate.dense."),
-    ("layers.{}.ffn_out.", "encoder.layer.{}.output.dense."),
-    ("layers.{}.ffn_norm.", "encoder.layer.{}.output.LayerNorm."),
-    ("pooler.", "pooler.dense."),
-    ("mlm.transform.", "cls.predictions.transform.dense."),
-    ("mlm.norm.", "cls.predictions.transform.LayerNorm."),
-    ("mlm.bias", "cls.predictions.bias"),
-    ("nsp.", "cls.seq_relationship."),
-]
-
-
-def _compile(renames: list[tuple[str, str]]) -> list[tuple[re.Pattern, str]]:
-    return [(re.compile("^" + re.escape(src).replace(r"\{\}", r"(\d+)")), dst) for src, dst in renames]
-
-
-_TO_HF = _compile(_RENAMES)
-_FROM_HF = _compile([(hf, ours) for ours, hf in _RENAMES])
-
-
-def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str:
-    """Apply the first rule whose prefix matches; names no rule matches are returned unchanged."""
-    for pattern, replacement in rules:
-        match = pattern.match(name)
-        if match:
-            return replacement.format(*match.groups()) + name[match.end():]
-    return name
-
-
-_QKV = re.compile(r"^layers\.(\d+)\.qkv\.(weight|bias)$")
-_HF_QKV = re.compile(r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$")
-_BASE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
-# Tensors that real checkpoints carry but no model needs: buffers and the tied decoder.
-_IGNORED = re.compile(r"(^|\.)position_ids$|^cls\.predictions\.decoder\.(weight|bias)$")
-
-
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded as it is; the message names the file and the fix."""
 
@@ -109,69 +79,176 @@ class LoadReport:
 # ---------------------------------------------------------------------------------------------
 # Name conversion
 # ---------------------------------------------------------------------------------------------
-def _split_prefix(name: str) -> tuple[str, str]:
-    return ("bert.", name[5:]) if name.startswith("bert.") else ("", name)
+@dataclass(frozen=True)
+class NameMap:
+    """How one family names its tensors on disk (Hugging Face) against bertkit's names in memory.
+
+    Every (ours, theirs) pair is a name prefix; the encoder sits under `bert.` in memory and under
+    `prefix` on disk, and a bare encoder's tensors have no prefix in either.
+    """
+    prefix: str  # the encoder's prefix under a head on disk: "bert.", "roberta.", ...
+    base_roots: tuple[str, ...]  # first parts of a bare encoder's tensor names on disk
+    layer: str  # regex of a stored layer's stem on disk; ALBERT's has two numbers (group, inner)
+    qkv: tuple[str, str, str]  # the query, key and value projections' names inside a layer
+    layer_parts: tuple[tuple[str, str], ...]  # (ours, theirs) inside a layer
+    outer: tuple[tuple[str, str], ...]  # (ours, theirs) outside the layers: embeddings, pooler, heads
+    ignored: str  # regex of tensors real checkpoints carry that no model needs (buffers, tied decoder)
+    decoder_bias: tuple[str, str] | None = None  # (MLM bias, the legacy decoder.bias it may hide as)
+    class_prefix: str = "Bert"  # transformers' class names: BertModel, RobertaModel, ...
 
 
-def to_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """bertkit names → Hugging Face names; the fused qkv is split into query, key and value."""
+_BERT_LAYER_PARTS = (("attn_out.", "attention.output.dense."), ("attn_norm.", "attention.output.LayerNorm."),
+                     ("ffn_in.", "intermediate.dense."), ("ffn_out.", "output.dense."),
+                     ("ffn_norm.", "output.LayerNorm."))
+NAME_MAPS: dict[str, NameMap] = {
+    "bert": NameMap(
+        prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+        layer_parts=_BERT_LAYER_PARTS,
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+               ("mlm.transform.", "cls.predictions.transform.dense."),
+               ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
+               ("nsp.", "cls.seq_relationship.")),
+        ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
+        decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias")),
+    "roberta": NameMap(
+        prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+        layer_parts=_BERT_LAYER_PARTS,
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+               ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
+               ("mlm.bias", "lm_head.bias")),
+        ignored=r"^lm_head\.decoder\.(weight|bias)$",
+        decoder_bias=("lm_head.bias", "lm_head.decoder.bias"), class_prefix="Roberta"),
+    "albert": NameMap(
+        prefix="albert.", base_roots=("embeddings.", "encoder.", "pooler."),
+        layer=r"encoder\.albert_layer_groups\.(\d+)\.albert_layers\.(\d+)\.",
+        qkv=("attention.query", "attention.key", "attention.value"),
+        layer_parts=(("attn_out.", "attention.dense."), ("attn_norm.", "attention.LayerNorm."),
+                     ("ffn_in.", "ffn."), ("ffn_out.", "ffn_output."), ("ffn_norm.", "full_layer_layer_norm.")),
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("embed_proj.", "encoder.embedding_hidden_mapping_in."),
+               ("mlm.transform.", "predictions.dense."), ("mlm.norm.", "predictions.LayerNorm."),
+               ("mlm.bias", "predictions.bias"), ("nsp.", "sop_classifier.classifier.")),
+        ignored=r"^predictions\.decoder\.(weight|bias)$",
+        decoder_bias=("predictions.bias", "predictions.decoder.bias"), class_prefix="Albert"),
+    "distilbert": NameMap(
+        prefix="distilbert.", base_roots=("embeddings.", "transformer."), layer=r"transformer\.layer\.(\d+)\.",
+        qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+        layer_parts=(("attn_out.", "attention.out_lin."), ("attn_norm.", "sa_layer_norm."),
+                     ("ffn_in.", "ffn.lin1."), ("ffn_out.", "ffn.lin2."), ("ffn_norm.", "output_layer_norm.")),
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("mlm.transform.", "vocab_transform."),
+               ("mlm.norm.", "vocab_layer_norm."), ("mlm.bias", "vocab_projector.bias")),
+        ignored=r"^vocab_projector\.weight$", class_prefix="DistilBert"),
+}
+_OUR_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
+
+
+def name_map(config: BertConfig | None) -> NameMap:
+    return NAME_MAPS["bert" if config is None else config.model_type]
+
+
+def _swap(name: str, pairs: tuple[tuple[str, str], ...], reverse: bool = False) -> str:
+    """Replace the first matching prefix; names no pair matches are returned unchanged."""
+    for ours, theirs in pairs:
+        src, dst = (theirs, ours) if reverse else (ours, theirs)
+        if name.startswith(src):
+            return dst + name[len(src):]
+    return name
+
+
+def _layer_stem(k: int, config: BertConfig | None) -> str:
+    """On-disk stem of stored layer k (ALBERT: group k // inner_group_num, inner layer k % it)."""
+    if config is not None and config.model_type == "albert":
+        group, inner = divmod(k, config.inner_group_num)
+        return f"encoder.albert_layer_groups.{group}.albert_layers.{inner}."
+    return name_map(config).layer.replace(r"(\d+)", str(k)).replace("\\", "")
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], config: BertConfig | None = None) -> dict[str, torch.Tensor]:
+    """bertkit names → the Hugging Face names of config's family (BERT without a config); the fused
+    qkv is split into query, key and value."""
+    names = name_map(config)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        prefix, rest = _split_prefix(name)
-        qkv = _QKV.match(rest)
-        if qkv:
-            layer, kind = qkv.groups()
-            for part, chunk in zip(("query", "key", "value"), tensor.chunk(3, dim=0)):
-                out[f"{prefix}encoder.layer.{layer}.attention.self.{part}.{kind}"] = chunk.contiguous()
+        under_head = name.startswith("bert.")
+        prefix, rest = (names.prefix, name[5:]) if under_head else ("", name)
+        layer = _OUR_LAYER.match(rest)
+        if layer:
+            stem, part = _layer_stem(int(layer.group(1)), config), layer.group(2)
+            if part in ("qkv.weight", "qkv.bias"):
+                kind = part[4:]
+                for proj, chunk in zip(names.qkv, tensor.chunk(3, dim=0)):
+                    out[f"{prefix}{stem}{proj}.{kind}"] = chunk.contiguous()
+                continue
+            out[prefix + stem + _swap(part, names.layer_parts)] = tensor.contiguous()
             continue
-        out[prefix + _rename(rest, _TO_HF)] = tensor.contiguous()
+        out[prefix + _swap(rest, names.outer)] = tensor.contiguous()
     return out
 
 
-def _normalise_legacy(name: str) -> str:
+def _normalise_legacy(name: str, names: NameMap) -> str:
     """TF-era and wrapper spellings → current Hugging Face names."""
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
     for wrapper in ("model.", "module."):  # DDP / other wrappers that prefix every key
-        if name.startswith(wrapper + "bert.") or name.startswith(wrapper + "embeddings."):
+        if name.startswith(wrapper + names.prefix) or name.startswith(wrapper + "embeddings."):
             name = name[len(wrapper):]
     return name
 
 
-def from_hf_state_dict(state: dict[str, torch.Tensor], *, has_base_prefix: bool) -> dict[str, torch.Tensor]:
-    """Hugging Face names (any prefix convention) → bertkit names for a model with or without `bert.`.
+def from_hf_state_dict(state: dict[str, torch.Tensor], *, has_base_prefix: bool,
+                       config: BertConfig | None = None) -> dict[str, torch.Tensor]:
+    """Hugging Face names of config's family (any prefix convention) → bertkit names for a model
+    with or without `bert.`.
 
     `has_base_prefix`: the target model keeps its encoder under `bert.` (every head model does;
     a bare BertModel does not). Keys that do not convert keep their Hugging Face name so they show
     up as unexpected.
     """
-    state = {_normalise_legacy(k): v for k, v in state.items()}
-    if has_base_prefix and not any(k.startswith("bert.") for k in state):
-        state = {("bert." + k if k.startswith(_BASE_PREFIXES) else k): v for k, v in state.items()}
-    if not has_base_prefix and any(k.startswith("bert.") for k in state):
-        state = {(k[5:] if k.startswith("bert.") else k): v for k, v in state.items()}
-    # Older checkpoints saved the MLM bias only as decoder.bias.
-    if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
-        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
+    names = name_map(config)
+    prefix = names.prefix
+    state = {_normalise_legacy(k, names): v for k, v in state.items()}
+    if has_base_prefix and not any(k.startswith(prefix) for k in state):
+        state = {(prefix + k if k.startswith(names.base_roots) else k): v for k, v in state.items()}
+    if not has_base_prefix and any(k.startswith(prefix) for k in state):
+        state = {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in state.items()}
+    if names.decoder_bias:  # older checkpoints saved the MLM bias only as decoder.bias
+        bias, legacy = names.decoder_bias
+        if bias not in state and legacy in state:
+            state[bias] = state[legacy]
+    ignored = re.compile(r"(^|\.)position_ids$|" + names.ignored)
+    layer_pattern = re.compile("^" + names.layer + "(.*)$")
+    qkv_pattern = re.compile("^(" + "|".join(re.escape(p) for p in names.qkv) + r")\.(weight|bias)$")
+    inner = config.inner_group_num if config is not None and config.model_type == "albert" else None
 
     out: dict[str, torch.Tensor] = {}
-    qkv_parts: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}
+    qkv_parts: dict[tuple[str, int, str], dict[str, torch.Tensor]] = {}
     for name, tensor in state.items():
-        if _IGNORED.search(name):
+        if ignored.search(name):
             continue
-        prefix, rest = _split_prefix(name)
-        qkv = _HF_QKV.match(rest)
-        if qkv:
-            layer, part, kind = qkv.groups()
-            qkv_parts.setdefault((prefix, layer, kind), {})[part] = tensor
+        under_head = name.startswith(prefix)
+        ours_prefix, rest = ("bert.", name[len(prefix):]) if under_head else ("", name)
+        layer = layer_pattern.match(rest)
+        if layer:
+            numbers, part = [int(g) for g in layer.groups()[:-1]], layer.groups()[-1]
+            if inner is not None and numbers[1] >= inner:
+                out[name] = tensor  # a layer the config does not have: reported unexpected
+                continue
+            k = numbers[0] * inner + numbers[1] if inner is not None else numbers[0]
+            qkv = qkv_pattern.match(part)
+            if qkv:
+                qkv_parts.setdefault((ours_prefix, k, qkv.group(2)), {})[qkv.group(1)] = tensor
+                continue
+            out[f"{ours_prefix}layers.{k}." + _swap(part, names.layer_parts, reverse=True)] = tensor
             continue
-        out[prefix + _rename(rest, _FROM_HF)] = tensor
-    for (prefix, layer, kind), parts in qkv_parts.items():
+        out[ours_prefix + _swap(rest, names.outer, reverse=True)] = tensor
+    for (ours_prefix, k, kind), parts in qkv_parts.items():
         if len(parts) != 3:
+            stem = (prefix if ours_prefix else "") + _layer_stem(k, config)
             for part, tensor in parts.items():  # incomplete: keep under HF names, reported unexpected
-                out[f"{prefix}encoder.layer.{layer}.attention.self.{part}.{kind}"] = tensor
+                out[f"{stem}{part}.{kind}"] = tensor
             continue
-        out[f"{prefix}layers.{layer}.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
+        out[f"{ours_prefix}layers.{k}.qkv.{kind}"] = torch.cat([parts[p] for p in names.qkv])
     return out
 
 
@@ -227,11 +304,11 @@ def check_weights(model_dir: str | os.PathLike, model: torch.nn.Module) -> None:
     else:
         shapes = {name: tuple(t.shape) for name, t in read_state_dict(model_dir).items()}
     converted = from_hf_state_dict({n: torch.empty(s, device="meta") for n, s in shapes.items()},
-                                   has_base_prefix=hasattr(model, "bert"))
+                                   has_base_prefix=hasattr(model, "bert"), config=model.config)
     own = model.state_dict()
     for name, tensor in converted.items():
         if name in own and tuple(own[name].shape) != tuple(tensor.shape):
-            hf_name = next(iter(to_hf_state_dict({name: own[name]})))
+            hf_name = next(iter(to_hf_state_dict({name: own[name]}, model.config)))
             raise CheckpointError(
                 f"{model_dir}: tensor {hf_name} has shape {tuple(tensor.shape)} in the checkpoint "
                 f"but {tuple(own[name].shape)} in config.json; check config.json (e.g. vocab_size, "
@@ -253,19 +330,20 @@ def _check_readable(path: Path) -> None:
 def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
     """Copy Hugging Face–named tensors into `model`; report what was missing or unused."""
     has_prefix = hasattr(model, "bert")
-    converted = from_hf_state_dict(state, has_base_prefix=has_prefix)
+    config = model.config
+    converted = from_hf_state_dict(state, has_base_prefix=has_prefix, config=config)
     own = model.state_dict()
     for name, tensor in converted.items():
         if name in own and own[name].shape != tensor.shape:
-            hf_name = next(iter(to_hf_state_dict({name: own[name]})))
+            hf_name = next(iter(to_hf_state_dict({name: own[name]}, config)))
             raise CheckpointError(
                 f"{source}: tensor {hf_name} has shape {tuple(tensor.shape)} in the checkpoint but "
                 f"{tuple(own[name].shape)} in the model; check config.json (e.g. vocab_size, "
                 "num_labels) matches the weights")
     result = model.load_state_dict({k: v for k, v in converted.items() if k in own}, strict=False)
     unused = {k: v for k, v in converted.items() if k not in own}
-    report = LoadReport(missing=sorted(to_hf_state_dict({n: own[n] for n in result.missing_keys})),
-                        unexpected=sorted(to_hf_state_dict(unused)))
+    report = LoadReport(missing=sorted(to_hf_state_dict({n: own[n] for n in result.missing_keys}, config)),
+                        unexpected=sorted(to_hf_state_dict(unused, config)))
     # New weights matter (a head to train); unused ones are routine (a head the task does not need).
     if report.missing:
         logger.warning("loading %s into %s: %s", source, type(model).__name__, report)
@@ -278,24 +356,42 @@ def write_checkpoint(model: torch.nn.Module, config: BertConfig, out_dir: str | 
     """config.json + model.safetensors (Hugging Face names; tied decoder not stored), atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = to_hf_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    state = to_hf_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()}, config)
     with atomic_path(out_dir / SAFETENSORS_NAME) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
-    config.save(out_dir, architectures=[type(model).__name__])
+    config.save(out_dir, architectures=[architecture_name(type(model).__name__, config)])
     return out_dir
 
 
-# What each class named in config.json's `architectures` is, for messages that say why a model
-# cannot serve a use.
+def architecture_name(class_name: str, config: BertConfig) -> str:
+    """transformers' class for one of ours: BertForSequenceClassification → RobertaFor… for a
+    RoBERTa config; BertForPreTraining without a sentence head (RoBERTa, DistilBERT) → …ForMaskedLM."""
+    kind = class_name[len("Bert"):] if class_name.startswith("Bert") else class_name
+    if kind == "ForPreTraining" and config.model_type not in ("bert", "albert"):
+        kind = "ForMaskedLM"
+    return name_map(config).class_prefix + kind
+
+
+# What each kind of class named in config.json's `architectures` is (after the family's prefix:
+# Bert, Roberta, Albert, DistilBert), for messages that say why a model cannot serve a use.
 ARCHITECTURE_KINDS = {
-    "BertModel": "a bare encoder without a task head",
-    "BertForPreTraining": "a pre-trained encoder (MLM and NSP heads, no fine-tuned task head)",
-    "BertForMaskedLM": "a masked-language model (no fine-tuned task head)",
-    "BertForSequenceClassification": "a sequence classifier",
-    "BertForTokenClassification": "a token classifier (tagger)",
-    "BertForQuestionAnswering": "an extractive question-answering model",
-    "BertForMultipleChoice": "a multiple-choice model",
+    "Model": "a bare encoder without a task head",
+    "ForPreTraining": "a pre-trained encoder (MLM and NSP/SOP heads, no fine-tuned task head)",
+    "ForMaskedLM": "a masked-language model (no fine-tuned task head)",
+    "ForSequenceClassification": "a sequence classifier",
+    "ForTokenClassification": "a token classifier (tagger)",
+    "ForQuestionAnswering": "an extractive question-answering model",
+    "ForMultipleChoice": "a multiple-choice model",
 }
+
+
+def architecture_kind(class_name: str) -> str | None:
+    """"RobertaForMaskedLM" → "ForMaskedLM"; None for a class of no family bertkit implements."""
+    for family in NAME_MAPS.values():
+        prefix = family.class_prefix
+        if class_name.startswith(prefix) and class_name[len(prefix):] in ARCHITECTURE_KINDS:
+            return class_name[len(prefix):]
+    return None
 
 
 def check_architecture(model_dir: str | os.PathLike, config: BertConfig, wanted: type,
@@ -306,11 +402,19 @@ def check_architecture(model_dir: str | os.PathLike, config: BertConfig, wanted:
     whose config names no architecture (or an unknown one) is let through.
     fix: what the user should do instead, appended to the message.
     """
-    names = [n for n in config.extra.get("architectures") or [] if n in ARCHITECTURE_KINDS]
-    if not names or wanted.__name__ in names:
+    names = [n for n in config.extra.get("architectures") or [] if architecture_kind(n)]
+    wanted_kind = architecture_kind(wanted.__name__)
+    if not names or wanted_kind in {architecture_kind(n) for n in names}:
         return
-    raise ValueError(f"{model_dir} is {ARCHITECTURE_KINDS[names[0]]} ({names[0]} in config.json), "
-                     f"not {ARCHITECTURE_KINDS.get(wanted.__name__, wanted.__name__)}; {fix}")
+    raise ValueError(f"{model_dir} is {ARCHITECTURE_KINDS[architecture_kind(names[0])]} ({names[0]} in "
+                     f"config.json), not {ARCHITECTURE_KINDS.get(wanted_kind, wanted.__name__)}; {fix}")
+
+
+def missing_from(model: torch.nn.Module, report: LoadReport, module: str) -> list[str]:
+    """The checkpoint names of `model.<module>`'s tensors that loading had to initialise."""
+    own = {k: v for k, v in model.state_dict().items() if k == module or k.startswith(module + ".")}
+    names = set(to_hf_state_dict(own, model.config))
+    return [n for n in report.missing if n in names]
 
 
 M = TypeVar("M", bound="PretrainedMixin")
@@ -324,7 +428,7 @@ class PretrainedMixin:
 
     @classmethod
     def from_pretrained(cls: type[M], model_dir: str | os.PathLike, **config_overrides) -> M:
-        """Load a Hugging Face–format BERT directory (ours or anyone's).
+        """Load a Hugging Face–format directory (ours or anyone's) of any family in config.py.
 
         config_overrides replace config.json fields (e.g. num_labels=3, id2label={...}).
         Weights the checkpoint lacks (a new task head, a missing pooler) are initialised as for a

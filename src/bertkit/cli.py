@@ -376,11 +376,14 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--data", required=True, help="DATA_DIR made by `bertkit prepare`")
     p.add_argument("--out", required=True, help="RUN_DIR for checkpoints, metrics and the model")
-    p.add_argument("--model", help="preset (tiny mini small medium base large; default mini), "
-                   "config.json or model directory; vocab_size comes from the data")
+    p.add_argument("--model", help="preset (tiny mini small medium base large albert-base; default "
+                   "mini), config.json or model directory; vocab_size comes from the data")
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", dest="model_args",
                    help="override a config.json field, e.g. hidden_dropout_prob=0 (repeatable)")
     p.add_argument("--init", help="continue from this Hugging Face BERT directory's weights")
+    p.add_argument("--objective", choices=["mlm", "mlm+nsp", "mlm+sop"],
+                   help="what to train (default: what the data were prepared for); mlm on pair "
+                        "data ignores the pair labels")
     p.add_argument("--max-steps", type=int, help="optimizer steps (or give --epochs)")
     p.add_argument("--epochs", type=float, help="passes over the data (default 1)")
     p.add_argument("--batch-size", type=int, help="sequences per optimizer step, all processes (128)")
@@ -558,6 +561,10 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance (128)")
     p.add_argument("--no-nsp", action="store_false", dest="nsp",
                    help="no next-sentence pairs: pack full sentences across documents (RoBERTa)")
+    p.add_argument("--objective", choices=["mlm", "mlm+nsp", "mlm+sop"], default=None,
+                   help="instances for: mlm (packed full sentences, = --no-nsp), mlm+nsp (BERT's "
+                        "pairs, the default) or mlm+sop (ALBERT's consecutive pairs, swapped half "
+                        "the time)")
     p.add_argument("--short-seq-prob", type=float, default=0.1,
                    help="share of NSP chunks aiming at a random shorter length (0.1)")
     p.add_argument("--whole-word-mask", action="store_true",
@@ -583,7 +590,7 @@ def _run_prepare(args: argparse.Namespace) -> None:
     from bertkit.data.shards import prepare
 
     stats = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len,
-                    nsp=args.nsp, short_seq_prob=args.short_seq_prob,
+                    nsp=args.nsp, objective=args.objective, short_seq_prob=args.short_seq_prob,
                     whole_word_mask=args.whole_word_mask, static_masking=args.static_masking,
                     dupe_factor=args.dupe_factor, mlm_probability=args.mlm_probability,
                     max_predictions_per_seq=args.max_predictions_per_seq,

@@ -1,5 +1,13 @@
 """BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
 
+One config describes every family the encoder implements (`model_type`): `bert`, `roberta`,
+`albert` and `distilbert`. The family differences are fields with Hugging Face's names:
+`embedding_size`, `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
+positions start after it), `type_vocab_size` (1 for RoBERTa); DistilBERT's own key names (`dim`,
+`n_layers`, `n_heads`, `hidden_dim`, `activation`, `dropout`, `attention_dropout`,
+`seq_classif_dropout`) are read into the BERT fields and written back under its names, and
+ALBERT's `classifier_dropout_prob` is `classifier_dropout`.
+
 Any BERT `config.json` loads: the architecture fields become attributes, task fields (`id2label`,
 `label2id`, `problem_type`, `classifier_dropout`) are understood, and everything else the file
 carries (`architectures`, `transformers_version`, `gradient_checkpointing`, ...) is kept in `extra`
@@ -31,7 +39,25 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "medium": (8, 512, 8),
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
+    "albert-base": (12, 768, 12),
 }
+# Family fields of the presets that are not BERT. albert-base is ALBERT-base (Lan et al. 2020,
+# table 1): E = 128 factorised embeddings, all 12 layers sharing one set of weights, ~12M
+# parameters with its 30,000-piece vocabulary; dropout 0 and tanh GELU as the released v2 models.
+PRESET_FIELDS: dict[str, dict[str, Any]] = {
+    "albert-base": dict(model_type="albert", embedding_size=128, num_hidden_groups=1, inner_group_num=1,
+                        vocab_size=30000, hidden_act="gelu_new", hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0),
+}
+
+FAMILIES = ("bert", "roberta", "albert", "distilbert")
+# DistilBERT's config.json keys → the BERT fields they are.
+DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+                   "hidden_dim": "intermediate_size", "activation": "hidden_act",
+                   "dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
+                   "seq_classif_dropout": "classifier_dropout"}
+# Fields DistilBERT has no key for: fixed by its architecture, so not written to its config.json.
+_DISTILBERT_FIXED = {"type_vocab_size": 1, "layer_norm_eps": 1e-12, "position_embedding_type": "absolute"}
 
 
 def override_keys() -> list[str]:
@@ -85,7 +111,14 @@ class BertConfig:
     label2id: dict[str, int] | None = None
     # "regression" | "single_label_classification" | "multi_label_classification" | None (inferred).
     problem_type: str | None = None
+    # Which member of the family: bert | roberta | albert | distilbert (see the module docstring).
     model_type: str = "bert"
+    # ALBERT: token embeddings of this width, projected to hidden_size (None = hidden_size).
+    embedding_size: int | None = None
+    # ALBERT: the num_hidden_layers depths share num_hidden_groups groups of weights (consecutive
+    # depths use the same group), each group being inner_group_num layers.
+    num_hidden_groups: int = 1
+    inner_group_num: int = 1
     # Every other key of the source config.json, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -108,7 +141,7 @@ class BertConfig:
         check_override_keys(overrides)
         layers, hidden, heads = PRESETS[name]
         fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                      intermediate_size=4 * hidden)
+                      intermediate_size=4 * hidden, **PRESET_FIELDS.get(name, {}))
         fields.update(overrides)
         return cls.from_dict(fields)
 
@@ -116,15 +149,16 @@ class BertConfig:
     def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
         """Build from config.json-style keys; unknown keys go to `extra`, `num_labels` makes labels."""
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        values = _family_keys_in(values)
         kwargs = {k: v for k, v in values.items() if k in known}
         extra = dict(values.get("extra", {}))
         extra.update({k: v for k, v in values.items() if k not in known and k not in ("extra", "num_labels")})
         num_labels = values.get("num_labels")
         if num_labels is not None and kwargs.get("id2label") is None:
             kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(num_labels))}
-        if kwargs.get("model_type", "bert") != "bert":
-            raise ValueError(f"model_type {kwargs['model_type']!r} is not BERT; bertkit loads BERT "
-                             "checkpoints (model_type 'bert')")
+        if kwargs.get("model_type", "bert") not in FAMILIES:
+            raise ValueError(f"model_type {kwargs['model_type']!r} is not in the BERT family bertkit "
+                             f"implements ({', '.join(FAMILIES)}); convert the checkpoint to one of them")
         return cls(**kwargs, extra=extra)
 
     @classmethod
@@ -186,6 +220,51 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the embedding tables: ALBERT's E, else hidden_size."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """RoBERTa numbers positions from pad_token_id + 1 (fairseq's convention); others from 0."""
+        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest input, in tokens: the position table less RoBERTa's offset (514 → 512)."""
+        return self.max_position_embeddings - self.position_offset
+
+    @property
+    def has_segments(self) -> bool:
+        """DistilBERT has no segment embeddings: pairs are told apart by [SEP] alone."""
+        return self.model_type != "distilbert"
+
+    @property
+    def has_pooler(self) -> bool:
+        """DistilBERT has no pooler; its sequence head reads the [CLS] state itself."""
+        return self.model_type != "distilbert"
+
+    @property
+    def num_layer_weights(self) -> int:
+        """Distinct encoder layers stored: ALBERT's groups × inner layers, else num_hidden_layers."""
+        if self.model_type == "albert":
+            return self.num_hidden_groups * self.inner_group_num
+        return self.num_hidden_layers
+
+    @property
+    def layer_schedule(self) -> list[int]:
+        """Which stored layer runs at each depth, in order (ALBERT repeats them).
+
+        As Hugging Face's AlbertTransformer: depth i of num_hidden_layers uses group
+        i // (num_hidden_layers // num_hidden_groups), and each group runs its inner layers in turn.
+        """
+        if self.model_type != "albert":
+            return list(range(self.num_hidden_layers))
+        per_group = self.num_hidden_layers // self.num_hidden_groups
+        return [(i // per_group) * self.inner_group_num + j
+                for i in range(self.num_hidden_layers) for j in range(self.inner_group_num)]
+
     # ------------------------------------------------------------------ checks and output
     def validate(self) -> None:
         """Raise ValueError naming every invalid value; called on construction."""
@@ -211,6 +290,32 @@ class BertConfig:
         if self.position_embedding_type != "absolute":
             problems.append(f"position_embedding_type {self.position_embedding_type!r} is not "
                             "supported; BERT uses 'absolute'")
+        if self.model_type != "albert":
+            if self.embedding_size not in (None, self.hidden_size):
+                problems.append(f"embedding_size {self.embedding_size} differs from hidden_size "
+                                f"{self.hidden_size}, which only ALBERT supports (model_type 'albert')")
+            if (self.num_hidden_groups, self.inner_group_num) != (1, 1):
+                problems.append(f"num_hidden_groups / inner_group_num {self.num_hidden_groups} / "
+                                f"{self.inner_group_num}: shared layers are ALBERT's (model_type 'albert')")
+        else:
+            for name in ("num_hidden_groups", "inner_group_num"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                    problems.append(f"{name} must be a positive integer, got {value!r}")
+            if self.embedding_size is not None and (not isinstance(self.embedding_size, int)
+                                                    or self.embedding_size <= 0):
+                problems.append(f"embedding_size must be a positive integer, got {self.embedding_size!r}")
+            if (not problems and isinstance(self.num_hidden_layers, int)
+                    and self.num_hidden_layers % self.num_hidden_groups):
+                problems.append(f"num_hidden_layers {self.num_hidden_layers} is not a multiple of "
+                                f"num_hidden_groups {self.num_hidden_groups}")
+        if self.model_type == "roberta" and self.max_position_embeddings <= self.position_offset:
+            problems.append(f"max_position_embeddings {self.max_position_embeddings} leaves no "
+                            f"positions after RoBERTa's offset {self.position_offset} (pad_token_id + 1)")
+        if self.model_type == "distilbert":
+            for name, fixed in _DISTILBERT_FIXED.items():
+                if getattr(self, name) != fixed:
+                    problems.append(f"{name} {getattr(self, name)!r}: DistilBERT fixes it at {fixed!r}")
         if self.problem_type not in (None, "regression", "single_label_classification",
                                      "multi_label_classification"):
             problems.append(f"unknown problem_type {self.problem_type!r}")
@@ -227,7 +332,7 @@ class BertConfig:
         for optional in ("problem_type", "classifier_dropout"):
             if values[optional] is None:
                 del values[optional]
-        return {**self.extra, **values}
+        return {**self.extra, **_family_keys_out(values)}
 
     def save(self, out_dir: str | os.PathLike, architectures: list[str] | None = None) -> Path:
         """Write `out_dir/config.json` atomically."""
@@ -238,3 +343,39 @@ class BertConfig:
         atomic_write_json(path, values)
         return path
 
+
+
+def _family_keys_in(values: dict[str, Any]) -> dict[str, Any]:
+    """config.json keys of a family → BertConfig fields (a field given by name wins)."""
+    values = dict(values)
+    family = values.get("model_type", "bert")
+    if family == "distilbert":
+        for theirs, ours in DISTILBERT_KEYS.items():
+            if theirs in values:
+                value = values.pop(theirs)
+                values.setdefault(ours, value)
+        for name, fixed in _DISTILBERT_FIXED.items():
+            values.setdefault(name, fixed)
+    elif family == "albert":
+        if "classifier_dropout_prob" in values:
+            value = values.pop("classifier_dropout_prob")
+            values.setdefault("classifier_dropout", value)
+        values.setdefault("embedding_size", 128)  # transformers' AlbertConfig default
+    return values
+
+
+def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
+    """BertConfig fields → the keys the family's own config.json uses (its transformers class reads them)."""
+    family = values["model_type"]
+    if family != "albert":
+        for name in ("embedding_size", "num_hidden_groups", "inner_group_num"):
+            values.pop(name)
+    elif "classifier_dropout" in values:
+        values["classifier_dropout_prob"] = values.pop("classifier_dropout")
+    if family == "distilbert":
+        for theirs, ours in DISTILBERT_KEYS.items():
+            if ours in values:
+                values[theirs] = values.pop(ours)
+        for name in _DISTILBERT_FIXED:
+            values.pop(name)
+    return values

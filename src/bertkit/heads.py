@@ -4,6 +4,13 @@ Each head owns its loss, computed as the reference computes it (labels of -100 a
 returns one dataclass. Tensor names on disk match Hugging Face's `BertFor…` classes (`classifier`,
 `qa_outputs`), so a fine-tuned directory loads there with identical predictions.
 
+Every family (`config.model_type`) uses these classes; the sequence classifier is the one head
+whose layers differ, each as its family's `…ForSequenceClassification` (same tensor names):
+  bert, albert: pooler (tanh dense on [CLS]) → dropout → classifier
+  roberta:      [CLS] state → dropout → classifier.dense → tanh → dropout → classifier.out_proj
+  distilbert:   [CLS] state → pre_classifier → ReLU → dropout → classifier
+DistilBERT's QA head has a dropout before qa_outputs (`qa_dropout`); the others have none.
+
 Shape letters: B batch, C choices, T sequence length, H hidden size, K labels.
 """
 
@@ -38,6 +45,21 @@ def _classifier_dropout(config: BertConfig) -> nn.Dropout:
     return nn.Dropout(rate)
 
 
+class RobertaClassificationHead(nn.Module):
+    """RoBERTa's sentence head: the [CLS] state → dropout → dense → tanh → dropout → out_proj."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = _classifier_dropout(config)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """first: (B, H) hidden state of each sequence's first token → logits (B, K)."""
+        x = torch.tanh(self.dense(self.dropout(first)))  # (B, H)
+        return self.out_proj(self.dropout(x))  # (B, K)
+
+
 def _problem_type(config: BertConfig, labels: torch.Tensor) -> str:
     """The reference's rule: one label → regression; integer labels → single-label; else multi-label."""
     if config.problem_type is not None:
@@ -50,21 +72,40 @@ def _problem_type(config: BertConfig, labels: torch.Tensor) -> str:
 
 
 class BertForSequenceClassification(PretrainedMixin, nn.Module):
-    """Pooled [CLS] → dropout → linear: single sentences and sentence pairs; regression when K = 1."""
+    """Pooled [CLS] → dropout → linear: single sentences and sentence pairs; regression when K = 1.
+
+    RoBERTa and DistilBERT read the [CLS] state through their own layers (module docstring).
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        family = config.model_type
+        self.bert = BertModel(config, add_pooling_layer=family in ("bert", "albert"))
         self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.classifier.apply(self.bert._init_weights)
+        self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size) if family == "distilbert" else None
+        if family == "roberta":
+            self.classifier = RobertaClassificationHead(config)
+        else:
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        for module in (self.classifier, self.pre_classifier):
+            if module is not None:
+                module.apply(self.bert._init_weights)
+
+    def sentence_logits(self, first: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
+        """first: (B, H) state of each sequence's first token; pooled: (B, H) pooler output or None
+        → logits (B, K), through the family's head."""
+        if self.config.model_type == "roberta":
+            return self.classifier(first)
+        if self.pre_classifier is not None:  # DistilBERT
+            return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
+        return self.classifier(self.dropout(pooled))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
         """labels: (B,) long class ids; (B,) float targets for regression; (B, K) float multi-label."""
-        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output  # (B, H)
-        logits = self.classifier(self.dropout(pooled))  # (B, K)
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.sentence_logits(out.last_hidden_state[:, 0], out.pooler_output)  # (B, K)
         loss = None
         if labels is not None:
             kind = _problem_type(self.config, labels)
@@ -79,8 +120,9 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                        packed: Packed) -> ClassifierOutput:
         """Inference over packed sequences (see `BertModel.forward_packed`): logits (B, K)."""
-        pooled = self.bert.forward_packed(input_ids, token_type_ids, packed).pooler_output  # (B, H)
-        return ClassifierOutput(loss=None, logits=self.classifier(self.dropout(pooled)))
+        out = self.bert.forward_packed(input_ids, token_type_ids, packed)
+        logits = self.sentence_logits(out.hidden[packed.starts], out.pooler_output)  # (B, K)
+        return ClassifierOutput(loss=None, logits=logits)
 
 
 class BertForTokenClassification(PretrainedMixin, nn.Module):
@@ -90,7 +132,9 @@ class BertForTokenClassification(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
+        # DistilBERT's tagger drops out at its general `dropout`, not seq_classif_dropout.
+        self.dropout = (nn.Dropout(config.hidden_dropout_prob) if config.model_type == "distilbert"
+                        else _classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.classifier.apply(self.bert._init_weights)
 
@@ -118,6 +162,9 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
+        # DistilBERT's QA head drops out its input (qa_dropout); BERT's does not.
+        rate = float(config.extra.get("qa_dropout", 0.1)) if config.model_type == "distilbert" else 0.0
+        self.dropout = nn.Dropout(rate)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.qa_outputs.apply(self.bert._init_weights)
 
@@ -126,7 +173,7 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
                 end_positions: torch.Tensor | None = None) -> SpanOutput:
         """start_positions / end_positions: (B,) long token indices; 0 ([CLS]) = no answer in this window."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
-        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)  # (B, T) each
+        start_logits, end_logits = self.qa_outputs(self.dropout(hidden)).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
             # As the reference: positions outside the sequence are clamped to T and ignored.
@@ -150,6 +197,9 @@ class BertForMultipleChoice(PretrainedMixin, nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        if not config.has_pooler:
+            raise ValueError(f"multiple choice reads the pooler, which model_type {config.model_type!r} "
+                             "does not have; use a bert, roberta or albert model")
         self.config = config
         self.bert = BertModel(config)
         self.dropout = _classifier_dropout(config)

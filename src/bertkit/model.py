@@ -115,8 +115,8 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
     if batch == 0 or length == 0:
         raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
     if length > config.max_sequence_length:
-        raise ValueError(f"sequence length {length} exceeds the model's limit of {config.max_sequence_length} "
-                         f"tokens (max_position_embeddings {config.max_position_embeddings}); truncate to "
+        raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings}{_offset_note(config)}; truncate to "
                          f"{config.max_sequence_length} tokens or use sliding windows")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= config.vocab_size:
@@ -139,6 +139,13 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
                              "every sequence needs at least [CLS]")
 
 
+def _offset_note(config: BertConfig) -> str:
+    if not config.position_offset:
+        return ""
+    return (f" less RoBERTa's position offset {config.position_offset}, i.e. "
+            f"{config.max_sequence_length} tokens")
+
+
 def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                  packed: "Packed") -> None:
     if input_ids.dim() != 1 or token_type_ids.shape != input_ids.shape:
@@ -149,9 +156,8 @@ def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
                          f"{input_ids.shape[0]} tokens")
     longest = max(packed.lengths)
     if longest > config.max_sequence_length:
-        raise ValueError(f"sequence length {longest} exceeds the model's limit of {config.max_sequence_length} "
-                         f"tokens (max_position_embeddings {config.max_position_embeddings}); truncate or "
-                         "use sliding windows")
+        raise ValueError(f"sequence length {longest} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings}{_offset_note(config)}; truncate or use sliding windows")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= config.vocab_size:
         raise ValueError(f"token id {high if high >= config.vocab_size else low} is outside the vocabulary "

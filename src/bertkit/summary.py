@@ -1,4 +1,9 @@
-"""`bertkit info`: what a model is made of, as a parameter table per component."""
+"""`bertkit info`: what a model is made of, as a parameter table per component.
+
+Every family prints its own table: ALBERT's factorised embeddings (V × E, then the E → H
+projection) and its shared layers, each stored layer listed once with the depths that run it;
+DistilBERT without segment table or pooler; RoBERTa's classifier as dense + out_proj.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import torch
 from torch import nn
 
 from bertkit import heads
-from bertkit.checkpoint import check_weights
+from bertkit.checkpoint import architecture_kind, architecture_name, check_weights
 from bertkit.config import PRESETS, BertConfig
 from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
 
@@ -20,11 +25,24 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 
 
 def model_class_for(config: BertConfig) -> type[nn.Module]:
-    """The class named first in config.json's `architectures` (BertModel when absent or unknown)."""
+    """The class named first in config.json's `architectures`, of any family (RobertaForMaskedLM
+    → BertForMaskedLM); BertModel when absent or unknown."""
     for name in config.extra.get("architectures") or []:
-        if name in MODEL_CLASSES:
-            return MODEL_CLASSES[name]
+        kind = architecture_kind(name)
+        if kind and "Bert" + kind in MODEL_CLASSES:
+            return MODEL_CLASSES["Bert" + kind]
     return BertModel
+
+
+def _depths(depths: list[int]) -> str:
+    """[0, 1, 2, 5] → "0-2, 5"."""
+    spans: list[list[int]] = []
+    for d in depths:
+        if spans and d == spans[-1][1] + 1:
+            spans[-1][1] = d
+        else:
+            spans.append([d, d])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _count(*modules: nn.Module | nn.Parameter | None) -> int:
@@ -42,17 +60,25 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     encoder: BertModel = model.bert if hasattr(model, "bert") else model
     config = encoder.config
     emb = encoder.embeddings
-    hidden = config.hidden_size
+    hidden, dim = config.hidden_size, config.embedding_dim
     rows = [
-        (f"embeddings.token ({config.vocab_size} × {hidden})", _count(emb.word_embeddings)),
-        (f"embeddings.position ({config.max_position_embeddings} × {hidden})", _count(emb.position_embeddings)),
-        (f"embeddings.segment ({config.type_vocab_size} × {hidden})", _count(emb.token_type_embeddings)),
-        ("embeddings.LayerNorm", _count(emb.norm)),
+        (f"embeddings.token ({config.vocab_size} × {dim})", _count(emb.word_embeddings)),
+        (f"embeddings.position ({config.max_position_embeddings} × {dim})", _count(emb.position_embeddings)),
     ]
+    if emb.token_type_embeddings is not None:
+        rows.append((f"embeddings.segment ({config.type_vocab_size} × {dim})", _count(emb.token_type_embeddings)))
+    rows.append(("embeddings.LayerNorm", _count(emb.norm)))
+    if encoder.embed_proj is not None:
+        rows.append((f"embedding projection ({dim} → {hidden})", _count(encoder.embed_proj)))
+    depths: dict[int, list[int]] = {}
+    for depth, k in enumerate(encoder.schedule):
+        depths.setdefault(k, []).append(depth)
     for i, layer in enumerate(encoder.layers):
-        rows.append((f"layer {i} attention (QKV, output, LayerNorm)",
+        runs = depths.get(i, [])
+        shared = f", shared by depths {_depths(runs)}, counted once" if len(runs) > 1 else ""
+        rows.append((f"layer {i} attention (QKV, output, LayerNorm){shared}",
                      _count(layer.qkv, layer.attn_out, layer.attn_norm)))
-        rows.append((f"layer {i} FFN ({hidden} → {config.intermediate_size} → {hidden}, LayerNorm)",
+        rows.append((f"layer {i} FFN ({hidden} → {config.intermediate_size} → {hidden}, LayerNorm){shared}",
                      _count(layer.ffn_in, layer.ffn_out, layer.ffn_norm)))
     if encoder.pooler is not None:
         rows.append(("pooler", _count(encoder.pooler)))
@@ -60,9 +86,13 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     for name, module in task_heads:
         if _count(module):
             label = {"mlm": "MLM head (decoder tied to token embeddings; own bias)",
-                     "nsp": "NSP head"}.get(name, f"{name} head")
+                     "nsp": "SOP head" if config.model_type == "albert" else "NSP head"}.get(name, f"{name} head")
             rows.append((label, _count(module)))
     return rows
+
+
+def model_encoder(model: nn.Module) -> BertModel:
+    return model.bert if hasattr(model, "bert") else model
 
 
 def build_for_info(spec: str | Path, vocab_size: int | None = None) -> nn.Module:
@@ -93,9 +123,16 @@ def format_parameter_table(spec: str | Path, vocab_size: int | None = None) -> s
     rows = parameter_rows(model)
     total = sum(p.numel() for p in model.parameters())
     width = max(len(name) for name, _ in rows)
-    lines = [f"{spec}: {type(model).__name__} — {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-             f"{config.num_attention_heads} heads, FFN {config.intermediate_size}, vocab {config.vocab_size}, "
-             f"{config.max_position_embeddings} positions, {config.hidden_act} activation",
+    family = ""
+    if config.model_type == "albert":
+        family = (f"; ALBERT: embeddings {config.embedding_dim} wide, {len(model_encoder(model).schedule)} "
+                  f"depths run {config.num_layer_weights} stored layer(s)")
+    elif config.model_type != "bert":
+        family = f"; {config.model_type}"
+    lines = [f"{spec}: {architecture_name(type(model).__name__, config)} — {config.num_hidden_layers} layers, "
+             f"hidden {config.hidden_size}, {config.num_attention_heads} heads, FFN {config.intermediate_size}, "
+             f"vocab {config.vocab_size}, {config.max_position_embeddings} positions, {config.hidden_act} "
+             f"activation{family}",
              f"{'component':<{width}}  {'parameters':>13}"]
     lines += [f"{name:<{width}}  {count:>13,}" for name, count in rows]
     lines.append(f"{'total':<{width}}  {total:>13,}")

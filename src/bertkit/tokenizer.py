@@ -9,6 +9,14 @@ BertPreTokenizer, WordPiece with `##` continuations, and `[CLS] A [SEP] (B [SEP]
 Settings precedence when loading a directory: tokenizer_config.json, then the normaliser stored in
 tokenizer.json, then BERT's defaults (lowercase, accents stripped when lowercasing, CJK split).
 
+The other families' tokenizers load through the same class: whatever a tokenizer.json describes
+(RoBERTa's byte-level BPE, ALBERT's SentencePiece Unigram, DistilBERT's WordPiece) runs as it is,
+with the special tokens of tokenizer_config.json, or the family's defaults (`FAMILY_SPECIALS`,
+by tokenizer_class or config.json's model_type). A RoBERTa directory without tokenizer.json
+loads from vocab.json + merges.txt as transformers' RobertaTokenizer builds it. ALBERT's
+spiece.model alone is not read (it needs sentencepiece and protobuf): save the tokenizer once with
+transformers to get its tokenizer.json.
+
 The `tokenizers` backend keeps truncation and padding as state; each call here sets them for itself,
 so one `BertTokenizer` must not be shared by threads that encode with different settings at once.
 """
@@ -24,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import WordPiece
+from tokenizers.models import BPE, WordPiece
 
 from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, missing_model_dir
 
@@ -40,7 +48,14 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 _SPECIAL_KEYS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                  "mask_token": MASK}
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json")
+                   "special_tokens_map.json", "vocab.json", "merges.txt")
+# Special tokens of each family when tokenizer_config.json does not name them.
+FAMILY_SPECIALS = {
+    "roberta": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
+                "mask_token": "<mask>"},
+    "albert": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
+               "mask_token": "[MASK]"},
+}
 # BERT's reference tokenizer gives up on longer words and emits [UNK]; kept for id parity.
 MAX_INPUT_CHARS_PER_WORD = 100
 
@@ -103,6 +118,8 @@ class BertTokenizer:
         added_special = {i for i, tok in backend.get_added_tokens_decoder().items() if tok.special}
         self.special_ids: frozenset[int] = frozenset(ids.values()) | frozenset(added_special)
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        # What tokenizer_config.json calls this tokenizer (written back on save).
+        self.tokenizer_class: str = "BertTokenizer"
         # Truncation/padding state we last gave the backend; None means "not set by us yet".
         self._truncation: tuple | None = None
         self._padding: tuple | None = None
@@ -146,7 +163,8 @@ class BertTokenizer:
         directory = path if path.is_dir() else path.parent
         config = _read_json_if_exists(directory / "tokenizer_config.json")
         special_map = _read_json_if_exists(directory / "special_tokens_map.json")
-        specials = {}
+        family = _family(directory, config)
+        specials = dict(FAMILY_SPECIALS.get(family, {}))
         for key in _SPECIAL_KEYS:
             value = config.get(key, special_map.get(key))
             if isinstance(value, dict):  # AddedToken serialised as {"content": ...}
@@ -170,9 +188,21 @@ class BertTokenizer:
             tokenizer_json = tokenizer_json if tokenizer_json.exists() else None
             vocab_file = directory / "vocab.txt"
         if tokenizer_json is None:
+            if path.is_dir() and (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+                return cls.from_bpe_files(directory / "vocab.json", directory / "merges.txt",
+                                          model_max_length=max_len, special_tokens=specials,
+                                          add_prefix_space=bool(config.get("add_prefix_space", False)),
+                                          trim_offsets=bool(config.get("trim_offsets", True)),
+                                          tokenizer_class=config.get("tokenizer_class"))
             if not vocab_file.exists():
+                if (directory / "spiece.model").is_file():
+                    raise FileNotFoundError(
+                        f"{directory} has spiece.model but no tokenizer.json; bertkit reads SentencePiece "
+                        "models through tokenizer.json: write it once with transformers "
+                        f"(AutoTokenizer.from_pretrained('{directory}').save_pretrained('{directory}'))")
                 raise FileNotFoundError(f"no tokenizer.json or vocab.txt in {directory}; a BERT "
-                                        "tokenizer directory needs one of them")
+                                        "tokenizer directory needs one of them (RoBERTa: vocab.json "
+                                        "and merges.txt)")
             return cls.from_vocab(vocab_file, model_max_length=max_len, special_tokens=specials,
                                   **settings)
 
@@ -193,7 +223,37 @@ class BertTokenizer:
         if backend.post_processor is None:
             _set_bert_post_processor(backend, specials.get("cls_token", CLS),
                                      specials.get("sep_token", SEP))
-        return cls(backend, model_max_length=max_len, special_tokens=specials)
+        tokenizer = cls(backend, model_max_length=max_len, special_tokens=specials)
+        tokenizer.tokenizer_class = config.get("tokenizer_class") or tokenizer.tokenizer_class
+        return tokenizer
+
+    @classmethod
+    def from_bpe_files(cls, vocab_json: str | os.PathLike, merges_txt: str | os.PathLike, *,
+                       model_max_length: int = 512, special_tokens: dict[str, str] | None = None,
+                       add_prefix_space: bool = False, trim_offsets: bool = True,
+                       tokenizer_class: str | None = None) -> "BertTokenizer":
+        """RoBERTa's byte-level BPE from vocab.json + merges.txt, built as transformers'
+        RobertaTokenizer builds it: `<s> A </s></s> B </s>`, one segment id (0) throughout."""
+        specials = {**FAMILY_SPECIALS["roberta"], **(special_tokens or {})}
+        try:
+            model = BPE.from_file(str(vocab_json), str(merges_txt), dropout=None, continuing_subword_prefix="",
+                                  end_of_word_suffix="", fuse_unk=False)
+        except Exception as err:  # the Rust side raises plain Exception on malformed files
+            raise ValueError(f"cannot read the BPE vocabulary {vocab_json} / {merges_txt}: {err}") from err
+        backend = Tokenizer(model)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+        backend.decoder = decoders.ByteLevel()
+        missing = [t for t in specials.values() if backend.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"{vocab_json} has no {missing[0]!r}; RoBERTa inputs need "
+                             f"{', '.join(specials.values())} in the vocabulary")
+        backend.add_special_tokens(list(dict.fromkeys(specials.values())))
+        sep, bos = specials["sep_token"], specials["cls_token"]
+        backend.post_processor = processors.RobertaProcessing(
+            (sep, backend.token_to_id(sep)), (bos, backend.token_to_id(bos)), trim_offsets, add_prefix_space)
+        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
+        tokenizer.tokenizer_class = tokenizer_class or "RobertaTokenizer"
+        return tokenizer
 
     # -- settings ------------------------------------------------------------------------------
     @property
@@ -328,25 +388,34 @@ class BertTokenizer:
 
     # -- persistence ---------------------------------------------------------------------------
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path:
-        """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json.
+        """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json, and the
+        model's own vocabulary files: vocab.txt (WordPiece) or vocab.json + merges.txt (BPE).
 
         Each file is written atomically; existing tokenizer files in out_dir are replaced (the
-        caller chose the directory). The result loads in BertTokenizerFast with the same ids.
+        caller chose the directory). The result loads in the transformers tokenizer named by
+        `tokenizer_class` (BertTokenizerFast for BERT) with the same ids.
         """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        vocab = self.get_vocab()
-        by_id = sorted(vocab.items(), key=lambda kv: kv[1])
-        if [i for _, i in by_id] != list(range(len(by_id))):
-            raise ValueError("vocabulary ids have gaps, which vocab.txt (id = line number) "
-                             "cannot express; give the vocabulary ids 0..V-1")
-        atomic_write_text(out / "vocab.txt", "".join(f"{tok}\n" for tok, _ in by_id))
+        model = json.loads(self.backend.model.__getstate__())
+        if model.get("type") == "WordPiece":
+            vocab = self.get_vocab()
+            by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+            if [i for _, i in by_id] != list(range(len(by_id))):
+                raise ValueError("vocabulary ids have gaps, which vocab.txt (id = line number) "
+                                 "cannot express; give the vocabulary ids 0..V-1")
+            atomic_write_text(out / "vocab.txt", "".join(f"{tok}\n" for tok, _ in by_id))
+        elif model.get("type") == "BPE":
+            atomic_write_json(out / "vocab.json", model["vocab"])
+            merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+            atomic_write_text(out / "merges.txt", "#version: 0.2\n" + "".join(f"{m}\n" for m in merges))
         atomic_write_text(out / "tokenizer.json", _clean_backend(self.backend).to_str(pretty=True))
+        settings: dict[str, Any] = {"tokenizer_class": self.tokenizer_class}
+        if _normalizer_state(self.backend).get("type") == "BertNormalizer":
+            settings.update(do_lower_case=self.do_lower_case, strip_accents=self.strip_accents,
+                            tokenize_chinese_chars=self.tokenize_chinese_chars)
         atomic_write_json(out / "tokenizer_config.json", {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": self.do_lower_case,
-            "strip_accents": self.strip_accents,
-            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            **settings,
             "model_max_length": self.model_max_length,
             **self.special_tokens,
         })
@@ -379,6 +448,9 @@ class BertTokenizer:
                                                  "max_input_chars_per_word")},
             "special": {k: self.special_tokens[k] for k in sorted(self.special_tokens)},
         }
+        if model.get("type") != "WordPiece":  # BPE merges / Unigram scores decide ids too
+            payload["model"]["pieces"] = model.get("merges", model.get("vocab"))
+            payload["post_processor"] = _component_state(self.backend.post_processor)
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -566,6 +638,20 @@ def _read_vocab_txt(path: Path) -> dict[str, int]:
                                token, vocab[token] + 1, line_no - 1)
             vocab[token] = line_no - 1
     return vocab
+
+
+def _family(directory: Path, tokenizer_config: dict) -> str:
+    """"roberta", "albert" or "bert" (DistilBERT's tokenizer is BERT's), from tokenizer_class or
+    config.json's model_type."""
+    name = str(tokenizer_config.get("tokenizer_class") or "").lower()
+    for family in ("roberta", "albert"):
+        if name.startswith(family):
+            return family
+    try:
+        model_type = _read_json_if_exists(directory / "config.json").get("model_type")
+    except ValueError:  # a broken config.json is reported by whoever loads the model
+        model_type = None
+    return model_type if model_type in FAMILY_SPECIALS else "bert"
 
 
 def _read_json_if_exists(path: Path) -> dict:

@@ -1,4 +1,5 @@
-"""Pre-training instances from tokenized documents: BERT's NSP pairs, or packed full sentences.
+"""Pre-training instances from tokenized documents: BERT's NSP pairs, ALBERT's SOP pairs, or
+packed full sentences.
 
 NSP (google-research/bert `create_instances_from_document`): sentences of a document accumulate
 into a chunk until it reaches the target length (max_seq_len − 3: room for [CLS] A [SEP] B [SEP]);
@@ -21,6 +22,12 @@ No-NSP (RoBERTa's FULL-SENTENCES, Liu et al. 2019 §4.2): contiguous sentences p
 max_seq_len as [CLS] ... [SEP], crossing document boundaries with an extra [SEP] between
 documents; one segment, NSP label -100. A sentence longer than a whole sequence is cut into pieces.
 
+SOP (ALBERT's sentence-order prediction, Lan et al. 2020 §3.1): chunks gather as for NSP, and A
+and B are always two consecutive segments of the same document; half the time they are swapped
+(label 1 = swapped, 0 = in order), so the model must learn coherence rather than topic. A chunk of
+one sentence (a one-sentence document, or a sentence that fills the target alone) is cut in the
+middle of its tokens; a one-token chunk gives no pair and is skipped.
+
 These are small pure functions; the random generator is always an argument.
 """
 
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
     from bertkit.tokenizer import BertTokenizer
 
 IS_NEXT, NOT_NEXT, NO_NSP = 0, 1, -100
+IN_ORDER, SWAPPED = 0, 1  # SOP labels, stored where NSP's are
 # Sentences per call into the tokenizer: large enough for its threads, small enough for a lively
 # progress bar.
 _ENCODE_CHUNK = 8192
@@ -261,6 +269,40 @@ def create_nsp_instances(docs: TokenizedDocuments, *, max_seq_len: int, short_se
         yield from create_instances_from_document(docs, document, max_seq_len=max_seq_len,
                                                   short_seq_prob=short_seq_prob, rng=rng,
                                                   cls_id=cls_id, sep_id=sep_id)
+
+
+def create_sop_instances(docs: TokenizedDocuments, *, max_seq_len: int, short_seq_prob: float,
+                         rng: random.Random, cls_id: int, sep_id: int) -> Iterator[Instance]:
+    """SOP instances of every document, in document order (see the module docstring)."""
+    _check_max_seq_len(max_seq_len, minimum=5)
+    max_num_tokens = max_seq_len - 3  # [CLS] A [SEP] B [SEP]
+    for document in range(docs.num_documents):
+        sentences = docs.sentence_range(document)
+        chunk_start, chunk_length = sentences.start, 0
+        target = _target_length(max_num_tokens, short_seq_prob, rng)
+        for i in sentences:
+            chunk_length += docs.sentence_length(i)
+            if chunk_length < target and i + 1 < sentences.stop:
+                continue
+            tokens, starts = docs.tokens(chunk_start, i + 1)
+            size = i + 1 - chunk_start
+            if size >= 2:  # A = the chunk's first k sentences, k random, as for NSP
+                a_end = chunk_start + rng.randint(1, size - 1)
+                cut = int(docs.sentence_offsets[a_end] - docs.sentence_offsets[chunk_start])
+            else:
+                cut = len(tokens) // 2
+            chunk_start, chunk_length = i + 1, 0
+            target = _target_length(max_num_tokens, short_seq_prob, rng)
+            if cut == 0:
+                continue
+            a, b = (tokens[:cut], starts[:cut] if starts is not None else None), \
+                   (tokens[cut:], starts[cut:] if starts is not None else None)
+            label = SWAPPED if rng.random() < 0.5 else IN_ORDER
+            if label == SWAPPED:
+                a, b = b, a
+            keep_a, keep_b = truncate_seq_pair(len(a[0]), len(b[0]), max_num_tokens, rng)
+            yield _pair_instance(a[0][keep_a], b[0][keep_b], None if a[1] is None else a[1][keep_a],
+                                 None if b[1] is None else b[1][keep_b], label, cls_id, sep_id)
 
 
 def create_packed_instances(docs: TokenizedDocuments, *, max_seq_len: int, cls_id: int,

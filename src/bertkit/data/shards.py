@@ -40,7 +40,7 @@ import torch
 
 from bertkit.data.corpus import Corpus, as_corpus
 from bertkit.data.instances import (IS_NEXT, Instance, TokenizedDocuments,
-                                    create_nsp_instances, create_packed_instances,
+                                    create_nsp_instances, create_packed_instances, create_sop_instances,
                                     tokenize_documents)
 from bertkit.data.masking import IGNORE_INDEX, default_max_predictions, mask_keys, mask_tokens
 from bertkit.fileio import atomic_path, atomic_write_json, check_writable_output
@@ -53,6 +53,8 @@ FORMAT_VERSION = 1
 SPLITS = ("train", "eval")
 # Instances per shard: ~30 MB of uint16 tokens at 128 tokens each; bounds memory while writing.
 DEFAULT_SHARD_SIZE = 1 << 17
+# What the sentence-pair labels are: none (packed sentences), NSP pairs, or SOP pairs.
+OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop")
 # Static masks are drawn with this pseudo-epoch, apart from every dynamic epoch (0, 1, 2, ...).
 _STATIC_EPOCH = -1
 # Batches pad to a multiple of 8 tokens: tensor-core friendly, and few distinct shapes to compile.
@@ -78,6 +80,7 @@ class PrepareStats:
     # Documents too large for the held-out share, cut into sections (see `_cut_large_documents`):
     # {"documents", "sections", "max_tokens"}; None when nothing was cut.
     sections: dict[str, int] | None = None
+    objective: str = "mlm+nsp"  # mlm | mlm+nsp | mlm+sop; with SOP, is_next_fraction is the in-order share
 
     @property
     def tokens_per_second(self) -> float:
@@ -96,7 +99,8 @@ class PrepareStats:
                          "each counted as a document above, so that the held-out share of tokens "
                          "is near eval_fraction")
         if self.is_next_fraction is not None:
-            lines.append(f"  IsNext share: {self.is_next_fraction:.3f}")
+            kind = "in-order (SOP label 0)" if self.objective == "mlm+sop" else "IsNext"
+            lines.append(f"  {kind} share: {self.is_next_fraction:.3f}")
         skipped = self.corpus.get("skipped") or {}
         if skipped:
             lines.append(f"  skipped input: {', '.join(f'{n} {k}' for k, n in skipped.items())}")
@@ -107,7 +111,8 @@ class PrepareStats:
 
 def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
             tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-            max_seq_len: int = 128, nsp: bool = True, short_seq_prob: float = 0.1,
+            max_seq_len: int = 128, nsp: bool = True, objective: str | None = None,
+            short_seq_prob: float = 0.1,
             whole_word_mask: bool = False, static_masking: bool = False, dupe_factor: int = 1,
             mlm_probability: float = 0.15, max_predictions_per_seq: int | None = None,
             eval_fraction: float = 0.01, seed: int = 12345, workers: int = 1,
@@ -118,6 +123,9 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
 
     corpus: a `Corpus` or source(s) for `load_corpus` (files, directories, globs, builtin:NAME).
     nsp=True builds BERT's sentence pairs with NSP labels; False packs full sentences (RoBERTa).
+    objective, when given, decides instead: "mlm+nsp" (nsp=True), "mlm" (nsp=False), or "mlm+sop":
+    ALBERT's sentence-order pairs, labels stored where NSP's are (meta.json "nsp" is then true,
+    "objective" says which).
     dupe_factor: passes over the corpus, each with its own random pairs (and static masks).
     static_masking fixes the masks here (mlm_probability, max_predictions_per_seq, default
     round(max_seq_len × mlm_probability)); otherwise `PretrainingBatches` draws new ones each epoch.
@@ -130,6 +138,13 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
     Refuses a non-empty out_dir unless overwrite=True (then only our own files there are replaced).
     """
     started = time.perf_counter()
+    if objective is None:
+        objective = "mlm+nsp" if nsp else "mlm"
+    elif not nsp and objective != "mlm":
+        raise ValueError(f"--no-nsp (packed sentences) contradicts objective {objective}; pass one of them")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    nsp = objective != "mlm"  # sentence-pair labels present (NSP or SOP)
     _check_prepare_args(max_seq_len, short_seq_prob, dupe_factor, mlm_probability,
                         max_predictions_per_seq, eval_fraction, workers, shard_size)
     out = Path(out_dir)
@@ -153,7 +168,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
     tick = time.perf_counter()
     _clear_out_dir(out)
     token_dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    settings = {"max_seq_len": max_seq_len, "nsp": nsp, "short_seq_prob": short_seq_prob,
+    settings = {"max_seq_len": max_seq_len, "nsp": nsp, "objective": objective, "short_seq_prob": short_seq_prob,
                 "whole_word_mask": whole_word_mask, "static_masking": static_masking,
                 "dupe_factor": dupe_factor, "mlm_probability": mlm_probability,
                 "max_predictions_per_seq": max_predictions_per_seq,
@@ -170,7 +185,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
                               keep_word_starts=whole_word_mask and not static_masking)
         for dupe in range(dupe_factor):
             rng = random.Random(_derive_seed(seed, "instances", split, dupe))
-            for instance in _instances(part, nsp, max_seq_len, short_seq_prob, rng, tokenizer):
+            for instance in _instances(part, objective, max_seq_len, short_seq_prob, rng, tokenizer):
                 writer.add(instance)
         splits_meta[split] = writer.close()
         counts["documents"][split] = part.num_documents
@@ -185,6 +200,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "nsp": nsp,
+        "objective": objective,
         "max_seq_len": max_seq_len,
         "vocab_size": tokenizer.vocab_size,
         "token_dtype": np.dtype(token_dtype).name,
@@ -206,7 +222,7 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
         out_dir=out, documents=counts["documents"], sentences=counts["sentences"],
         tokens=counts["tokens"], instances=counts["instances"],
         is_next_fraction=(sum(counts["is_next"].values()) / n_nsp) if n_nsp else None,
-        corpus=corpus.stats.to_dict(), seconds=seconds, sections=sections)
+        corpus=corpus.stats.to_dict(), seconds=seconds, sections=sections, objective=objective)
 
 
 def _check_prepare_args(max_seq_len: int, short_seq_prob: float, dupe_factor: int,
@@ -329,9 +345,13 @@ def _split_documents(num_documents: int, eval_fraction: float, seed: int) -> dic
     return splits
 
 
-def _instances(docs: TokenizedDocuments, nsp: bool, max_seq_len: int, short_seq_prob: float,
+def _instances(docs: TokenizedDocuments, objective: str, max_seq_len: int, short_seq_prob: float,
                rng: random.Random, tokenizer: BertTokenizer) -> Iterable[Instance]:
-    if nsp:
+    if objective == "mlm+sop":
+        return create_sop_instances(docs, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob,
+                                    rng=rng, cls_id=tokenizer.cls_token_id,
+                                    sep_id=tokenizer.sep_token_id)
+    if objective == "mlm+nsp":
         return create_nsp_instances(docs, max_seq_len=max_seq_len, short_seq_prob=short_seq_prob,
                                     rng=rng, cls_id=tokenizer.cls_token_id,
                                     sep_id=tokenizer.sep_token_id)
@@ -515,6 +535,8 @@ class PretrainingData:
                              f"{', '.join(self.meta['splits'])}")
         self.split = split
         self.nsp: bool = self.meta["nsp"]
+        # Data written before objectives existed had NSP pairs or packed sentences.
+        self.objective: str = self.meta.get("objective", "mlm+nsp" if self.nsp else "mlm")
         self.max_seq_len: int = self.meta["max_seq_len"]
         self.vocab_size: int = self.meta["vocab_size"]
         self.static_masking: bool = self.meta["settings"]["static_masking"]

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from bertkit.checkpoint import missing_from
 from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
 from bertkit.model import BertForMaskedLM, BertModel, Packed
@@ -40,11 +41,12 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DEFAULT_MAX_BATCH_TOKENS = 8192  # large enough to keep 2 cores' GEMMs efficient, small for memory
 
-# The model class each use runs, and the checkpoint tensors it cannot do without.
+# The model class each use runs, and the module (bertkit's name) it cannot do without. Every
+# family in config.py loads through the same classes.
 TASK_MODELS: dict[str, tuple[type[nn.Module], str, str]] = {
-    "embed": (BertModel, "", "any BERT checkpoint"),
-    "fill-mask": (BertForMaskedLM, "cls.predictions", "a masked-LM head (made by `bertkit pretrain`, "
-                  "or a Hugging Face BertForMaskedLM / BertForPreTraining checkpoint)"),
+    "embed": (BertModel, "", "any BERT-family checkpoint"),
+    "fill-mask": (BertForMaskedLM, "mlm", "a masked-LM head (made by `bertkit pretrain`, or a Hugging "
+                  "Face …ForMaskedLM / …ForPreTraining checkpoint of BERT, RoBERTa, ALBERT or DistilBERT)"),
     "classify": (BertForSequenceClassification, "classifier", "a sequence-classification head "
                  "(made by `bertkit finetune --task classify|pair`)"),
     "rerank": (BertForSequenceClassification, "classifier", "a cross-encoder: a sequence-classification "
@@ -193,13 +195,16 @@ class Engine:
         model_class, head_prefix, needs = TASK_MODELS[task]
         tokenizer = BertTokenizer.from_pretrained(model_dir)
         model = model_class.from_pretrained(model_dir)
-        if head_prefix and any(name.startswith(head_prefix) for name in model.load_report.missing):
+        missing = missing_from(model, model.load_report, head_prefix) if head_prefix else []
+        if missing:
             kind = ", ".join(model.config.extra.get("architectures") or ["of unknown kind"])
-            raise ValueError(f"{model_dir} has no weights for {task} ({head_prefix}.* missing; the "
+            raise ValueError(f"{model_dir} has no weights for {task} ({missing[0]} missing; the "
                              f"checkpoint is {kind}); {task} needs {needs}")
         pooling = Pooling.read(model_dir)
         if pooling is not None and pooling.max_seq_length and "max_length" not in options:
-            options["max_length"] = min(pooling.max_seq_length, model.config.max_position_embeddings)
+            options["max_length"] = min(pooling.max_seq_length, model.config.max_sequence_length)
+        elif "max_length" not in options and model.config.max_sequence_length < model.config.max_position_embeddings:
+            options["max_length"] = model.config.max_sequence_length  # RoBERTa: 514 positions, 512 tokens
         return cls(model, tokenizer, model_dir=Path(model_dir), task=task, pooling=pooling, **options)
 
     # -- tokenization --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from torch import nn
 
 from bertkit.checkpoint import load_into, read_state_dict
 from bertkit.config import BertConfig, check_override_keys
-from bertkit.data.shards import PretrainingBatches, PretrainingData
+from bertkit.data.shards import OBJECTIVES, PretrainingBatches, PretrainingData
 from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
 from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
@@ -75,6 +75,9 @@ class PretrainConfig:
     init: str | None = None
     # config.json fields to override on top of `model`, e.g. {"hidden_dropout_prob": 0.0}.
     model_overrides: dict[str, Any] = field(default_factory=dict)
+    # mlm | mlm+nsp | mlm+sop; None = what the data were prepared for (`bertkit prepare
+    # --objective`). mlm on pair data trains the MLM alone and ignores the pair labels.
+    objective: str | None = None
 
     # --- length: exactly one of max_steps / epochs (neither = 1 epoch)
     max_steps: int | None = None
@@ -154,6 +157,8 @@ class PretrainConfig:
             problems.append(f"time_limit must be > 0 seconds, got {self.time_limit!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            problems.append(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.resume and self.overwrite:
             problems.append("resume and overwrite exclude each other; pass one")
         try:  # a typo such as hiden_dropout_prob fails here, before the data are read
@@ -261,7 +266,8 @@ def batch_stats(out, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor) -> torc
     mlm_loss_sum = out.mlm_loss.detach().double() * m
     mlm_correct = (out.mlm_predictions == targets).sum().double()  # (M,) → ()
     has_nsp = nsp_labels != IGNORE_INDEX  # (B,)
-    n = int(has_nsp.sum())
+    # Labels the model did not score (--objective mlm on pair data) do not count as NSP rows.
+    n = int(has_nsp.sum()) if out.nsp_loss is not None else 0
     if out.nsp_loss is not None and n:
         nsp_loss_sum = out.nsp_loss.detach().double() * n
         nsp_correct = (out.nsp_logits.detach().argmax(-1)[has_nsp] == nsp_labels[has_nsp]).sum().double()
@@ -287,11 +293,12 @@ def summarise(stats: torch.Tensor) -> dict[str, float | None]:
 
 @torch.no_grad()
 def evaluation_sums(model: nn.Module, batches, *, device: torch.device, precision: str,
-                    max_batches: int | None = None) -> torch.Tensor:
+                    max_batches: int | None = None, use_nsp: bool = True) -> torch.Tensor:
     """(6,) sums (`_STATS`) of a model over the first `max_batches` of `batches` (all if None).
 
     batches: a sequence of PretrainingBatches items. The model is put in eval mode (no dropout) and
     returned to its previous mode. `summarise(sums)` turns the result into losses and accuracies.
+    use_nsp=False scores the MLM alone even where the batches carry NSP/SOP labels.
     """
     n = len(batches) if max_batches is None else min(max_batches, len(batches))
     total = torch.zeros(len(_STATS), dtype=torch.float64, device=device)
@@ -300,7 +307,7 @@ def evaluation_sums(model: nn.Module, batches, *, device: torch.device, precisio
     try:
         for i in range(n):
             batch = _to_device(batches[i], device)
-            has_nsp = bool((batch["nsp_labels"] != IGNORE_INDEX).any())
+            has_nsp = use_nsp and bool((batch["nsp_labels"] != IGNORE_INDEX).any())
             with autocast(device, precision):
                 out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                             mlm_labels=batch["mlm_labels"],
@@ -416,7 +423,12 @@ class Trainer:
         else:
             logger.warning("%s has %d held-out instances, fewer than one batch of %d; training "
                            "without evaluation", data_dir, eval_size, self.rank_batch_size * world)
-        self.use_nsp = bool(self.data.nsp)
+        self.objective = config.objective or self.data.objective
+        if self.objective != "mlm" and self.objective != self.data.objective:
+            raise ValueError(f"--objective {self.objective} needs data prepared for it; {data_dir} was "
+                             f"prepared for {self.data.objective}: run `bertkit prepare --objective "
+                             f"{self.objective}`")
+        self.use_nsp = self.objective != "mlm"
         self.batches = RunBatches(self.data, self.rank_batch_size, seed=config.seed,
                                   mlm_probability=config.mlm_probability, rank=dist_info.rank,
                                   world_size=world)
@@ -464,10 +476,14 @@ class Trainer:
         else:
             model = BertForPreTraining(BertConfig.resolve(c.model, **{**c.model_overrides,
                                                                       "vocab_size": vocab}))
-        if model.config.max_position_embeddings < self.data.max_seq_len:
+        if model.config.max_sequence_length < self.data.max_seq_len:
             raise ValueError(f"the data's max_seq_len {self.data.max_seq_len} exceeds the model's "
-                             f"max_position_embeddings {model.config.max_position_embeddings}; prepare "
-                             "with a shorter --max-seq-len or use a larger model config")
+                             f"limit of {model.config.max_sequence_length} tokens (max_position_embeddings "
+                             f"{model.config.max_position_embeddings}); prepare with a shorter --max-seq-len "
+                             "or use a larger model config")
+        if self.use_nsp and model.nsp is None:
+            raise ValueError(f"objective {self.objective} needs a sentence-pair head, which model_type "
+                             f"{model.config.model_type!r} does not have; use --objective mlm")
         return model
 
     def _setup_run_dir(self) -> None:
@@ -583,7 +599,7 @@ class Trainer:
                                      epoch=0, rank=self.dist.rank, world_size=self.dist.world_size,
                                      mlm_probability=self.config.mlm_probability)
         total = evaluation_sums(self.model, batches, device=self.device, precision=self.precision,
-                                max_batches=self.config.eval_batches)
+                                max_batches=self.config.eval_batches, use_nsp=self.use_nsp)
         distributed.all_reduce_sum(total, self.dist)
         return summarise(total)
 
@@ -748,11 +764,11 @@ class Trainer:
     def _log_start(self) -> None:
         n_params = count_parameters(self.model)
         logger.info("pre-training %s (%.1fM parameters, vocab %d) for %d steps of %d sequences "
-                    "(%d processes × %d micro-batches), %s on %s, NSP %s",
+                    "(%d processes × %d micro-batches), %s on %s, objective %s",
                     self.config.model if self.config.init is None else self.config.init,
                     n_params / 1e6, self.model_config.vocab_size, self.total_steps,
                     self.config.batch_size, self.dist.world_size, self.config.grad_accum,
-                    self.precision, self.device, "on" if self.use_nsp else "off")
+                    self.precision, self.device, self.objective)
 
     def _summary(self, train: dict | None, evaluation: dict | None,
                  stopped: str | None) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""Checkpoints of RoBERTa, ALBERT and DistilBERT made by transformers, with tokenizers trained here.
+
+`make_checkpoint(family, out_dir)` writes what a user would download: config.json, the weights
+and the tokenizer files transformers saves for that family (RoBERTa: vocab.json + merges.txt +
+tokenizer.json; ALBERT: a Unigram tokenizer.json; DistilBERT: vocab.txt + tokenizer.json).
+Random weights, tiny sizes; nothing downloads. Used by the tests and the README's examples.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
+
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello tokenizers!",
+          "Paris is the capital of France.", "Berlin is the capital of Germany.",
+          "The cat sat on the mat.", "A dog ran in the park.", "Sentence order prediction swaps segments.",
+          "Byte-level BPE handles accents: café, naïve, Zürich."] * 10
+PREFIX = {"roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
+
+
+def _roberta_tokenizer(work: Path):
+    import transformers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.model.save(str(work))
+    return transformers.RobertaTokenizer.from_pretrained(work)
+
+
+def _albert_tokenizer(work: Path):
+    import transformers
+
+    tok = Tokenizer(models.Unigram())
+    # The pipeline transformers' AlbertConverter writes (less spiece.model's precompiled charsmap).
+    tok.normalizer = normalizers.Sequence([normalizers.Replace("``", '"'), normalizers.Replace("''", '"'),
+                                           normalizers.NFKD(), normalizers.StripAccents(),
+                                           normalizers.Lowercase(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=150, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+                                      unk_token="<unk>")
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    tok.save(str(work / "tokenizer.json"))
+    (work / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "AlbertTokenizer"}))
+    return transformers.AutoTokenizer.from_pretrained(work)
+
+
+def _distilbert_tokenizer(work: Path):
+    import transformers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(CORPUS, trainer)
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    (work / "vocab.txt").write_text("".join(f"{t}\n" for t, _ in vocab), encoding="utf-8")
+    return transformers.DistilBertTokenizer.from_pretrained(work)
+
+
+def hf_config(family: str, vocab_size: int, **extra):
+    import transformers
+
+    common = dict(vocab_size=vocab_size, max_position_embeddings=66, **extra)
+    if family == "roberta":
+        return transformers.RobertaConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
+                                          intermediate_size=41, type_vocab_size=1, pad_token_id=1,
+                                          layer_norm_eps=1e-5, **common)
+    if family == "albert":
+        return transformers.AlbertConfig(embedding_size=14, hidden_size=36, num_hidden_layers=3,
+                                         num_hidden_groups=1, inner_group_num=1, num_attention_heads=3,
+                                         intermediate_size=41, **common)
+    return transformers.DistilBertConfig(dim=36, n_layers=2, n_heads=3, hidden_dim=41, **common)
+
+
+def make_checkpoint(family: str, out_dir: str | Path, kind: str = "ForMaskedLM", seed: int = 0, **extra) -> Path:
+    """A transformers `<Family><kind>` with random weights and the family's tokenizer, saved to out_dir."""
+    import transformers
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory() as work:
+        tokenizer = {"roberta": _roberta_tokenizer, "albert": _albert_tokenizer,
+                     "distilbert": _distilbert_tokenizer}[family](Path(work))
+    torch.manual_seed(seed)
+    model = getattr(transformers, PREFIX[family] + kind)(hf_config(family, len(tokenizer), **extra)).eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+if __name__ == "__main__":  # python tests/family_fixtures.py OUT_ROOT: one MLM checkpoint per family
+    import sys
+
+    root = Path(sys.argv[1])
+    for name in PREFIX:
+        print(make_checkpoint(name, root / name))

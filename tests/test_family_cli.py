@@ -1,0 +1,91 @@
+"""A RoBERTa, an ALBERT and a DistilBERT checkpoint made by transformers go through info,
+fill-mask, embed, finetune and predict, with outputs equal to transformers' on the same files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from bertkit.cli import main  # noqa: E402
+from bertkit.inference import embed, fill_mask  # noqa: E402
+
+from family_fixtures import PREFIX, make_checkpoint  # noqa: E402
+
+FAMILIES = tuple(PREFIX)
+MASK = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]"}
+TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "A dog ran in the park today."]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("family")
+    return {f: make_checkpoint(f, root / f) for f in FAMILIES}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_info_shows_the_family_table(family, checkpoints, capsys):
+    assert main(["info", str(checkpoints[family])]) == 0
+    out = capsys.readouterr().out
+    assert f"{PREFIX[family]}ForMaskedLM" in out
+    assert ("embeddings.segment" in out) == (family != "distilbert")
+    if family == "albert":
+        assert "embedding projection (14 → 36)" in out and "shared by depths 0-2, counted once" in out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fill_mask_equals_transformers(family, checkpoints):
+    directory = checkpoints[family]
+    text = f"Paris is the {MASK[family]} of France."
+    ours = fill_mask(directory, [text], top_k=5)[0][0]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(directory).eval()
+    inputs = tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]
+    position = int((inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero())
+    probs = logits[position].softmax(-1)
+    top = probs.topk(5)
+    assert [c.token_id for c in ours] == top.indices.tolist()
+    assert max(abs(c.prob - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_embed_equals_transformers_mean_pooling(family, checkpoints):
+    directory = checkpoints[family]
+    ours = torch.as_tensor(embed(directory, TEXTS, pooling="mean", normalize=False))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModel.from_pretrained(directory).eval()
+    inputs = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).float()
+    theirs = (hidden * mask).sum(1) / mask.sum(1)
+    assert float((ours - theirs).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_finetune_then_predict_match_transformers(family, checkpoints, tmp_path):
+    data = tmp_path / "train.csv"
+    data.write_text("text,label\n" + "".join(f"{t},{'pos' if i % 2 else 'neg'}\n" for i, t in enumerate(TEXTS * 2)))
+    out = tmp_path / "model"
+    assert main(["finetune", "--task", "classify", "--model", str(checkpoints[family]), "--train", str(data),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "3", "--max-length", "32",
+                 "--precision", "fp32", "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [f"{PREFIX[family]}ForSequenceClassification"]
+    predictions = tmp_path / "pred.jsonl"
+    assert main(["predict", "--model", str(out), "--input", str(data), "--out", str(predictions),
+                 "--no-progress"]) == 0
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    model, info = transformers.AutoModelForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    with torch.no_grad():
+        probs = model.eval()(**tokenizer([r["text"] for r in rows], padding=True, return_tensors="pt")).logits.softmax(-1)
+    labels = [model.config.id2label[i] for i in range(probs.shape[1])]
+    ours = torch.tensor([[r["scores"][name] for name in labels] for r in rows])
+    assert float((ours - probs).abs().max()) <= 1e-5

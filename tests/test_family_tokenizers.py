@@ -1,0 +1,102 @@
+"""The families' tokenizers give transformers' ids: RoBERTa's byte-level BPE (vocab.json +
+merges.txt, or tokenizer.json), ALBERT's Unigram through tokenizer.json, DistilBERT's WordPiece.
+
+Every vocabulary is trained here with `tokenizers` on a few sentences: nothing downloads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from bertkit.tokenizer import BertTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello tokenizers!",
+          "Byte-level BPE handles accents: café, naïve, Zürich.", "Numbers 12345 and symbols #@%&.",
+          "Sentence order prediction swaps two consecutive segments."] * 10
+TEXTS = ["hello world", "The lazy  dog jumps", "café Zürich 🙂 unseen-words!", "a <mask> in the middle",
+         "  leading spaces", "Mixed CASE and 42 numbers"]
+PAIRS = ["quick fox", "second segment here", "x", "the end", "b", "c d e"]
+
+
+def roberta_files(directory):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    directory.mkdir()
+    tok.model.save(str(directory))  # vocab.json + merges.txt
+    return directory
+
+
+def ids(tokenizer_output):
+    return tokenizer_output["input_ids"]
+
+
+def ours_ids(tokenizer: BertTokenizer, texts, pairs=None):
+    return [e.ids for e in tokenizer.encode_batch(texts, pairs)]
+
+
+def test_roberta_bpe_files_give_transformers_ids(tmp_path):
+    directory = roberta_files(tmp_path / "bpe")
+    theirs = transformers.RobertaTokenizer.from_pretrained(directory)
+    ours = BertTokenizer.from_pretrained(directory)
+    assert ours.cls_token_id == theirs.cls_token_id == 0 and ours.pad_token_id == theirs.pad_token_id == 1
+    assert ours_ids(ours, TEXTS) == ids(theirs(TEXTS))
+    assert ours_ids(ours, TEXTS, PAIRS) == ids(theirs(TEXTS, PAIRS))
+    # One segment type: pair inputs carry segment id 0 throughout, as RoBERTa's embeddings expect.
+    assert {t for e in ours.encode_batch(TEXTS, PAIRS) for t in e.type_ids} == {0}
+    assert ours.decode(ours_ids(ours, ["café Zürich"])[0]) == "café Zürich"
+
+
+def test_roberta_tokenizer_json_round_trip(tmp_path):
+    directory = roberta_files(tmp_path / "bpe")
+    transformers.RobertaTokenizer.from_pretrained(directory).save_pretrained(tmp_path / "hf")
+    ours = BertTokenizer.from_pretrained(tmp_path / "hf")  # tokenizer.json written by transformers
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert ours_ids(ours, TEXTS, PAIRS) == ids(theirs(TEXTS, PAIRS))
+    ours.save_pretrained(tmp_path / "ours")
+    assert (tmp_path / "ours" / "merges.txt").is_file() and not (tmp_path / "ours" / "vocab.txt").exists()
+    assert json.loads((tmp_path / "ours" / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "RobertaTokenizer"
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")
+    assert ids(again(TEXTS, PAIRS)) == ids(theirs(TEXTS, PAIRS))
+    assert BertTokenizer.from_pretrained(tmp_path / "ours").fingerprint() == ours.fingerprint()
+
+
+def test_albert_unigram_tokenizer_json_gives_transformers_ids(tmp_path):
+    tok = Tokenizer(models.Unigram())
+    # The normaliser transformers' AlbertConverter writes (less the precompiled charsmap of spiece.model).
+    tok.normalizer = normalizers.Sequence([normalizers.Replace("``", '"'), normalizers.Replace("''", '"'),
+                                           normalizers.NFKD(), normalizers.StripAccents(),
+                                           normalizers.Lowercase(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=120, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+                                      unk_token="<unk>")
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])  # as ALBERT's files have it
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    directory = tmp_path / "albert"
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "AlbertTokenizer"}))
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    ours = BertTokenizer.from_pretrained(directory)
+    texts = [t.replace("<mask>", "[MASK]") for t in TEXTS]
+    assert ours.pad_token_id == theirs.pad_token_id == 0 and ours.mask_token_id == theirs.mask_token_id
+    assert ours_ids(ours, texts, PAIRS) == ids(theirs(texts, PAIRS))
+    assert [e.type_ids for e in ours.encode_batch(texts, PAIRS)] == theirs(texts, PAIRS, return_token_type_ids=True)["token_type_ids"]
+
+
+def test_spiece_model_alone_names_the_fix(tmp_path):
+    (tmp_path / "spiece.model").write_bytes(b"\x00")
+    with pytest.raises(FileNotFoundError, match="spiece.model but no tokenizer.json"):
+        BertTokenizer.from_pretrained(tmp_path)
