@@ -75,7 +75,7 @@ def models(model_dirs):
 @contextlib.contextmanager
 def running(service: Service):
     """uvicorn serving `service` on 127.0.0.1:<ephemeral> in a thread; yields an httpx client."""
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see serve.app.listen
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(build_app(service), log_level="warning", lifespan="on"))
@@ -408,3 +408,18 @@ def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
         busy.close()
     assert cli.main(["serve", str(model_dirs["mlm"]), "--max-client-batch-size", "600"]) == 2
     assert "more than --max-concurrent-requests 512" in capsys.readouterr().err
+
+
+def test_listening_socket_is_tcp_so_answers_are_sent_without_nagle_delay():
+    from bertkit.serve.app import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:  # asyncio sets TCP_NODELAY on accepted sockets only when proto says TCP
+        assert sock.proto == socket.IPPROTO_TCP
+        client = socket.create_connection(sock.getsockname())
+        accepted, _ = sock.accept()
+        assert accepted.proto == socket.IPPROTO_TCP
+        accepted.close()
+        client.close()
+    finally:
+        sock.close()
