@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from bertkit.checkpoint import architecture_name, load_into, name_map, read_state_dict, to_hf_state_dict
+from bertkit.checkpoint import architecture_name, load_into, read_state_dict, to_hf_state_dict
 from bertkit.fileio import atomic_path, atomic_write_json
 
 ADAPTER_CONFIG = "adapter_config.json"
