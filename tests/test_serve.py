@@ -423,3 +423,13 @@ def test_listening_socket_is_tcp_so_answers_are_sent_without_nagle_delay():
         client.close()
     finally:
         sock.close()
+
+
+def test_api_key_is_required_except_on_health(models):
+    with running(Service({"minilm": models["minilm"]}, Limits(), api_key="s3cret")) as c:
+        refused = c.post("/embed", json={"inputs": "x"})
+        assert refused.status_code == 401 and refused.json()["error_type"] == "unauthorized"
+        assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/health").status_code == 200
