@@ -220,6 +220,19 @@ def test_albert_pretraining_mlm_and_sop_match(tmp_path):
     round_trip(theirs, ours, tmp_path, "albert", b)
 
 
+def test_single_segment_roberta_ignores_segment_ids(tmp_path):
+    """BERT-style pair encoders mark segment B with 1s; RoBERTa (one type) adds row 0 regardless."""
+    _, ours = both("roberta", "Model", tmp_path)
+    b = batch("roberta")
+    ones = {**b, "token_type_ids": b["attention_mask"].clone()}
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        assert torch.equal(ours(**ones).last_hidden_state, ours(**b).last_hidden_state)
+        packed = Packed.from_lengths(b["attention_mask"].sum(1).tolist())
+        flat = ours.forward_packed(b["input_ids"][real], torch.ones(int(real.sum()), dtype=torch.long), packed)
+    close(flat.hidden, ours(**b).last_hidden_state[real])
+
+
 def test_albert_shares_layers_as_configured(tmp_path):
     """4 depths × 2 inner layers over 2 groups: 4 stored layers, each run twice, in HF's order."""
     _, ours = both("albert", "Model", tmp_path)

@@ -89,3 +89,18 @@ def test_finetune_then_predict_match_transformers(family, checkpoints, tmp_path)
     labels = [model.config.id2label[i] for i in range(probs.shape[1])]
     ours = torch.tensor([[r["scores"][name] for name in labels] for r in rows])
     assert float((ours - probs).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_qa_and_ner_uses_take_every_family(family, tmp_path):
+    """The engine's other uses over transformers heads of each family: answers and tags come back
+    (BERT-style pair windows included: RoBERTa ignores their segment ids)."""
+    from bertkit.inference import ner, qa
+
+    qa_dir = make_checkpoint(family, tmp_path / "qa", kind="ForQuestionAnswering")
+    answers = qa(qa_dir, ["What is the capital?"], ["Paris is the capital of France."], max_seq_length=64,
+                 doc_stride=16, max_question_length=16)
+    assert len(answers) == 1 and answers[0] and answers[0][0]["text"]
+    ner_dir = make_checkpoint(family, tmp_path / "ner", kind="ForTokenClassification", num_labels=3,
+                              id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})
+    assert len(ner(ner_dir, ["Paris is the capital of France."])) == 1

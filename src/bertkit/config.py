@@ -241,6 +241,13 @@ class BertConfig:
         return self.model_type != "distilbert"
 
     @property
+    def reads_segments(self) -> bool:
+        """Whether segment ids reach the model. DistilBERT has no table; a RoBERTa with one segment
+        type adds row 0 to every token whatever the ids say, as its tokenizers return none (pair
+        encoders that mark segment B with 1s, as BERT's, would otherwise index past the table)."""
+        return self.has_segments and not (self.model_type == "roberta" and self.type_vocab_size == 1)
+
+    @property
     def has_pooler(self) -> bool:
         """DistilBERT has no pooler; its sequence head reads the [CLS] state itself."""
         return self.model_type != "distilbert"

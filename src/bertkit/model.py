@@ -26,8 +26,9 @@ are configuration (config.py) and checkpoint names (checkpoint.py), not other cl
 
 - RoBERTa (Liu et al. 2019): the architecture is BERT's. Positions are numbered from
   pad_token_id + 1 (fairseq's convention: `config.position_offset`, so 514 position rows give 512
-  tokens); one segment type; the MLM head always uses exact GELU; the sequence classifier is
-  dense → tanh → out_proj on the [CLS] (`<s>`) state, with no pooler. No NSP head.
+  tokens); one segment type (segment ids are then ignored, as its tokenizers give none); the MLM
+  head always uses exact GELU; the sequence classifier is dense → tanh → out_proj on the [CLS]
+  (`<s>`) state, with no pooler. No NSP head.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -127,7 +128,7 @@ def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
         if tensor is not None and tensor.shape != input_ids.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has "
                              f"{tuple(input_ids.shape)}")
-    if token_type_ids is not None and config.has_segments:
+    if token_type_ids is not None and config.reads_segments:
         top = int(token_type_ids.max())
         if top >= config.type_vocab_size or int(token_type_ids.min()) < 0:
             raise ValueError(f"segment id {top} is out of range for type_vocab_size "
@@ -162,7 +163,7 @@ def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
     if low < 0 or high >= config.vocab_size:
         raise ValueError(f"token id {high if high >= config.vocab_size else low} is outside the vocabulary "
                          f"(vocab_size {config.vocab_size}); was the input made with this model's tokenizer?")
-    if config.has_segments and (int(token_type_ids.max()) >= config.type_vocab_size
+    if config.reads_segments and (int(token_type_ids.max()) >= config.type_vocab_size
                                 or int(token_type_ids.min()) < 0):
         raise ValueError(f"segment id {int(token_type_ids.max())} is out of range for type_vocab_size "
                          f"{config.type_vocab_size}; single-segment models take token_type_ids of 0")
@@ -279,6 +280,7 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
         self.position_offset = config.position_offset
+        self.reads_segments = config.reads_segments
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 sparse_word_grad: bool = False) -> torch.Tensor:
@@ -293,6 +295,8 @@ class Embeddings(nn.Module):
         x = (F.embedding(input_ids, words.weight, words.padding_idx, sparse=sparse)  # (B, T, E)
              + self.position_embeddings(positions))  # (T, E) broadcast over B
         if self.token_type_embeddings is not None:
+            if not self.reads_segments:
+                token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (B, T, E)
         return self.dropout(self.norm(x))
 
@@ -301,6 +305,8 @@ class Embeddings(nn.Module):
         """(N,) ids, segments and positions (0-based in each sequence) of packed sequences → (N, E)."""
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids + self.position_offset)  # (N, E)
         if self.token_type_embeddings is not None:
+            if not self.reads_segments:
+                token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (N, E)
         return self.dropout(self.norm(x))
 
