@@ -722,7 +722,10 @@ def _run_finetune(args: argparse.Namespace) -> None:
     config = FinetuneConfig(**settings)
     if config.task in retrieval.TASKS:
         summary = retrieval.run(retrieval.from_finetune_config(config, **extra))
-        print(f"model saved in {config.out_dir}; " + json.dumps(summary.get("eval") or {}))
+        scores = summary.get("eval")
+        print(f"model saved in {config.out_dir} ({summary['steps']} steps, loss {summary['first_loss']:.4f} "
+              f"→ {summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else
+                                                   "no --eval set, so no score"))
         print(json.dumps(summary, ensure_ascii=False))
         return
     if extra:

