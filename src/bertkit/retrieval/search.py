@@ -107,7 +107,6 @@ class Searcher:
             if not os.path.isdir(model_dir):
                 raise FileNotFoundError(f"the index's model {model_dir} is not there any more; pass "
                                         "--model with the same model, or rebuild the index")
-            engine = None
             index.check_model(model_dir)  # before loading weights: a wrong model fails fast
             engine = Engine.load(model_dir, task="embed", max_length=index.meta["max_length"],
                                  **engine_options)
