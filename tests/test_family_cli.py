@@ -104,3 +104,15 @@ def test_qa_and_ner_uses_take_every_family(family, tmp_path):
     ner_dir = make_checkpoint(family, tmp_path / "ner", kind="ForTokenClassification", num_labels=3,
                               id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})
     assert len(ner(ner_dir, ["Paris is the capital of France."])) == 1
+
+
+def test_finetune_max_length_counts_roberta_position_offset(checkpoints, tmp_path, capsys):
+    """RoBERTa's position table holds padding_idx + 1 extra rows: the token limit is 2 less."""
+    directory = checkpoints["roberta"]
+    positions = json.loads((directory / "config.json").read_text())["max_position_embeddings"]
+    data = tmp_path / "train.csv"
+    data.write_text("text,label\n" + "".join(f"{t},{'pos' if i % 2 else 'neg'}\n" for i, t in enumerate(TEXTS * 2)))
+    assert main(["finetune", "--task", "classify", "--model", str(directory), "--train", str(data),
+                 "--out", str(tmp_path / "m"), "--max-length", str(positions), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"limit of {positions - 2} tokens" in err and f"--max-length {positions - 2}" in err

@@ -636,10 +636,11 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         config.lr = default_lr(model.config.hidden_size)
         log.info("lr %g: the default for hidden size %d (pass --lr to choose)", config.lr,
                  model.config.hidden_size)
-    if config.max_length > model.config.max_position_embeddings:
-        raise ValueError(f"max_length {config.max_length} exceeds the model's max_position_embeddings "
-                         f"{model.config.max_position_embeddings}; pass --max-length "
-                         f"{model.config.max_position_embeddings} (longer inputs go through windows)")
+    limit = model.config.max_sequence_length  # RoBERTa: 514 positions hold 512 tokens
+    if config.max_length > limit:
+        raise ValueError(f"max_length {config.max_length} exceeds the model's limit of {limit} tokens "
+                         f"(max_position_embeddings {model.config.max_position_embeddings}); pass "
+                         f"--max-length {limit} (longer inputs go through windows)")
     features = task.train_features(train, config.train)
     if not features:
         raise ValueError(f"{config.train}: no training features could be made")
