@@ -162,11 +162,12 @@ def _run_fill_mask(args: argparse.Namespace) -> None:
     if args.input:
         return _file_job(args, "fill-mask", engine, top_k=args.top_k, targets=args.targets)
     results = fill_mask(engine, args.texts, top_k=args.top_k, targets=args.targets)
+    if args.json:
+        from dataclasses import asdict
+
+        return _print_json({"text": text, "masks": [[asdict(c) for c in cands] for cands in masks]}
+                           for text, masks in zip(args.texts, results))
     for text, masks in zip(args.texts, results):
-        if args.json:
-            print(json.dumps({"text": text, "masks": [[{"token": c.token, "token_id": c.token_id, "prob": c.prob}
-                                                       for c in cands] for cands in masks]}, ensure_ascii=False))
-            continue
         print(text)
         for i, cands in enumerate(masks):
             shown = "  ".join(f"{c.token} {c.prob:.3f}" for c in cands)

@@ -71,7 +71,7 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
         raise ValueError(f"{out}: only embed writes .npy; give {use} a .jsonl output")
     settings = {"use": use, "model": str(Path(engine.model_dir).resolve()) if engine.model_dir else None,
                 "precision": engine.precision, "max_length": engine.max_length,
-                "truncate": engine.truncate, **{k: v for k, v in options.items()}}
+                "truncate": engine.truncate, **options}
     return run_file(input_path, out, chunk_function(use, engine, dict(options)), kind=kind,
                     dim=engine.config.hidden_size if kind == "npy" else None, chunk_size=chunk_size,
                     resume=resume, overwrite=overwrite, progress=progress, settings=settings, fmt=fmt,
