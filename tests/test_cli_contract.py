@@ -96,6 +96,8 @@ SPECS: dict[str, Spec] = {
                      existing=["zh-sentiment.train.jsonl"]),
     # Every case fails while loading the model, before anything listens (port 0 regardless).
     "serve": Spec(["serve", "{MODEL}", "--port", "0"], model_default="PT"),
+    # Likewise: the models load (or fail) before the page listens.
+    "explore": Spec(["explore", "{MODEL}", "--port", "0"], model_default="PT"),
     "index": Spec(["index", "{INPUT}", "--model", "{MODEL}", "--out", "{OUT}", "--no-progress"],
                   out="dir", existing=["index.json"], input_suffix=".txt", input_default="TEXTS",
                   model_default="PT"),

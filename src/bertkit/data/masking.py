@@ -27,7 +27,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -273,6 +273,49 @@ class MaskDemo:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class MaskedText:
+    """One text masked as pre-training masks it, with everything that decided the mask.
+
+    encoding: the tokenizer's Encoding (tokens, ids, offsets); masked: MaskedTokens of shape
+    (1, T); word_starts: (T,) bool, where a token begins a word (None without whole-word masking);
+    words: jieba's words for Chinese text under whole-word masking, else None.
+    """
+
+    encoding: Any
+    masked: MaskedTokens
+    special: np.ndarray  # (T,) bool: special tokens, never selected
+    word_starts: np.ndarray | None
+    words: list[str] | None
+
+
+def mask_text(text: str, tokenizer: "BertTokenizer", *, seed: int = 0, whole_word_mask: bool = False,
+              mlm_probability: float = 0.15) -> MaskedText:
+    """Mask one text with the pre-training recipe (`mask_tokens`, key from seed, epoch 0, index 0)."""
+    if not text.strip():
+        raise ValueError("masking needs a non-empty text")
+    encoding = tokenizer.encode(text, truncation=True)
+    ids = np.asarray(encoding.ids, dtype=np.int64)[None, :]  # (1, T)
+    special = np.isin(ids, list(tokenizer.special_ids))  # (1, T)
+    word_starts, words = None, None
+    if whole_word_mask:
+        continuation = continuation_table(tokenizer)
+        chars = None
+        if has_cjk(text):
+            chars = np.asarray(jieba_word_starts([text])[0])
+            bounds = list(chars) + [len(text)]
+            words = [text[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        token_starts = np.asarray([start for start, _ in encoding.offsets], dtype=np.int64)
+        word_starts = token_word_starts(ids[0], token_starts, chars, continuation)  # (T,)
+    replacement = np.setdiff1d(np.arange(tokenizer.vocab_size), list(tokenizer.special_ids))
+    masked = mask_tokens(ids, special, mask_keys(seed, 0, [0]),
+                         mask_token_id=tokenizer.mask_token_id, replacement_ids=replacement,
+                         mlm_probability=mlm_probability,
+                         word_starts=None if word_starts is None else word_starts[None, :])
+    return MaskedText(encoding=encoding, masked=masked, special=special[0], word_starts=word_starts,
+                      words=words)
+
+
 def mask_demo(text: str, tokenizer: "BertTokenizer | str | Path | None" = None, *, seed: int = 0,
               whole_word_mask: bool = False, mlm_probability: float = 0.15) -> MaskDemo:
     """Mask one text as pre-training would and say, per selected position, what it became.
@@ -293,24 +336,13 @@ def mask_demo(text: str, tokenizer: "BertTokenizer | str | Path | None" = None, 
     else:
         name = str(tokenizer)
         tokenizer = BertTokenizer.from_pretrained(tokenizer)
-    encoding = tokenizer.encode(text, truncation=True)
-    ids = np.asarray(encoding.ids, dtype=np.int64)[None, :]  # (1, T)
-    special = np.isin(ids, list(tokenizer.special_ids))  # (1, T)
-    word_starts = None
-    if whole_word_mask:
-        continuation = continuation_table(tokenizer)
-        chars = np.asarray(jieba_word_starts([text])[0]) if has_cjk(text) else None
-        token_starts = np.asarray([start for start, _ in encoding.offsets], dtype=np.int64)
-        word_starts = token_word_starts(ids[0], token_starts, chars, continuation)[None, :]
-    replacement = np.setdiff1d(np.arange(tokenizer.vocab_size), list(tokenizer.special_ids))
-    masked = mask_tokens(ids, special, mask_keys(seed, 0, [0]),
-                         mask_token_id=tokenizer.mask_token_id, replacement_ids=replacement, mlm_probability=mlm_probability,
-                         word_starts=word_starts)
+    result = mask_text(text, tokenizer, seed=seed, whole_word_mask=whole_word_mask,
+                       mlm_probability=mlm_probability)
+    masked, tokens = result.masked, result.encoding.tokens
     shown = tokenizer.convert_ids_to_tokens(masked.input_ids[0])
-    predictions = [MaskedPosition(int(p), encoding.tokens[p], shown[p],
-                                  KIND_NAMES[int(masked.kinds[0, p])])
+    predictions = [MaskedPosition(int(p), tokens[p], shown[p], KIND_NAMES[int(masked.kinds[0, p])])
                    for p in np.flatnonzero(masked.labels[0] != IGNORE_INDEX)]
-    return MaskDemo(tokenizer=name, tokens=list(encoding.tokens), masked_tokens=shown,
+    return MaskDemo(tokenizer=name, tokens=list(tokens), masked_tokens=shown,
                     predictions=predictions, whole_word_mask=whole_word_mask)
 
 
