@@ -106,6 +106,26 @@ def test_qa_and_ner_uses_take_every_family(family, tmp_path):
     assert len(ner(ner_dir, ["Paris is the capital of France."])) == 1
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_qa_windows_lay_out_as_the_tokenizers_own_pairs(family, checkpoints):
+    """A window holding the whole passage is the family tokenizer's pair encoding, as transformers
+    feeds its QA models (RoBERTa: `<s> q </s></s> passage </s>`, one segment)."""
+    import transformers
+
+    from bertkit.data.tasks.common import WordPieces
+    from bertkit.data.tasks.qa import QAExample, QASettings, qa_features
+    from bertkit.tokenizer import BertTokenizer
+
+    question, context = "What is the capital?", "Paris is the capital of France."
+    pieces = WordPieces.of(BertTokenizer.from_pretrained(checkpoints[family]))
+    [feature] = qa_features([QAExample(id="q", question=question, context=context)], pieces,
+                            QASettings(max_seq_length=64), training=False).features
+    ref = transformers.AutoTokenizer.from_pretrained(checkpoints[family])(question, context,
+                                                                          return_token_type_ids=True)
+    assert feature["input_ids"] == ref["input_ids"]
+    assert feature["token_type_ids"] == ref["token_type_ids"]
+
+
 def test_finetune_max_length_counts_roberta_position_offset(checkpoints, tmp_path, capsys):
     """RoBERTa's position table holds padding_idx + 1 extra rows: the token limit is 2 less."""
     directory = checkpoints["roberta"]

@@ -100,13 +100,18 @@ class WordPieces:
     """A `tokenizers.Tokenizer` that never truncates, pads or adds special tokens by itself.
 
     Built from a bertkit `BertTokenizer` (its `.backend`) or a `tokenizers.Tokenizer`; the source
-    is copied, so its own truncation / padding settings are left untouched.
+    is copied, so its own truncation / padding settings are left untouched. `pair_middle` and
+    `second_type_id` are how the tokenizer's own post-processor joins a pair, read from it, so
+    that windows built here lay out as its pair encodings do: BERT `[CLS] A [SEP] B [SEP]` with
+    segment 1 for B, RoBERTa `<s> A </s></s> B </s>` with segment 0 throughout.
     """
 
     backend: Any  # tokenizers.Tokenizer
     cls_id: int
     sep_id: int
     pad_id: int
+    pair_middle: tuple[int, ...] = ()  # special ids between A and B (BERT: [SEP]; RoBERTa: </s></s>)
+    second_type_id: int = 1  # segment id of B and its closing separator
 
     @classmethod
     def of(cls, tokenizer: Any) -> "WordPieces":
@@ -127,7 +132,8 @@ class WordPieces:
             if ids[attr] is None:
                 raise ValueError(f"the tokenizer has no {token} token; BERT inputs need [CLS], [SEP] "
                                  "and [PAD] in the vocabulary")
-        return cls(plain, ids["cls_token_id"], ids["sep_token_id"], ids["pad_token_id"])
+        middle, second = _pair_layout(backend, ids["sep_token_id"])
+        return cls(plain, ids["cls_token_id"], ids["sep_token_id"], ids["pad_token_id"], middle, second)
 
     @property
     def vocab_size(self) -> int:
@@ -141,6 +147,22 @@ class WordPieces:
         """Encodings of pre-split words; `word_ids` index each sentence's words."""
         return self.backend.encode_batch([list(s) for s in sentences], is_pretokenized=True,
                                          add_special_tokens=False)
+
+
+def _pair_layout(backend: Any, sep_id: int) -> tuple[tuple[int, ...], int]:
+    """(ids between a pair's two texts, segment id of the second) from the post-processor; BERT's
+    ((sep_id,), 1) for a tokenizer that adds no special tokens to pairs."""
+    encoding = backend.post_process(backend.encode("a", add_special_tokens=False),
+                                    backend.encode("b", add_special_tokens=False))
+    sequences = encoding.sequence_ids  # None for special tokens
+    if 0 not in sequences or 1 not in sequences:
+        return (sep_id,), 1
+    last_a = max(i for i, s in enumerate(sequences) if s == 0)
+    first_b = sequences.index(1)
+    middle = tuple(encoding.ids[last_a + 1:first_b])
+    if not middle or any(s is not None for s in sequences[last_a + 1:first_b]):
+        return (sep_id,), 1
+    return middle, encoding.type_ids[first_b]
 
 
 # ---------------------------------------------------------------------------------------------

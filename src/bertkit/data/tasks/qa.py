@@ -4,7 +4,9 @@ Follows the original BERT `run_squad.py` procedure (Devlin et al. 2019, section 
 
 - The question is cut to `max_query_length` (64) pieces; a feature is
   `[CLS] question [SEP] passage-window [SEP]` of at most `max_seq_length` (384) pieces, with
-  segment 0 for the question and 1 for the passage.
+  segment 0 for the question and 1 for the passage — or whatever pair layout the model's
+  tokenizer makes (RoBERTa: `<s> question </s></s> passage-window </s>`, segment 0 throughout,
+  as transformers' question-answering pipeline feeds it).
 - Passages longer than a window are read through overlapping windows whose starts are
   `doc_stride` (128) pieces apart (note: the distance between window starts, as in `run_squad.py`;
   other code calls the *overlap* the stride).
@@ -204,7 +206,8 @@ def qa_features(examples: Sequence[QAExample], pieces: WordPieces, settings: QAS
     for i, (example, q) in enumerate(zip(examples, q_enc)):
         ctx = ctx_enc[example.context]
         query = q.ids[:settings.max_query_length]
-        budget = settings.max_seq_length - len(query) - 3
+        head = [pieces.cls_id] + query + list(pieces.pair_middle)
+        budget = settings.max_seq_length - len(head) - 1  # the closing separator
         if budget < 1:
             raise ValueError(f"max_seq_length {settings.max_seq_length} leaves no room for the "
                              f"passage after a {len(query)}-piece question; raise --max-length or "
@@ -215,11 +218,10 @@ def qa_features(examples: Sequence[QAExample], pieces: WordPieces, settings: QAS
         if training and target is None and not example.is_impossible:
             out.n_unreachable += 1
             continue
-        head = [pieces.cls_id] + query + [pieces.sep_id]
         for start, end in window_spans(len(ctx.ids), budget, min(settings.doc_stride, budget)):
             feature = {
                 "input_ids": head + ctx.ids[start:end] + [pieces.sep_id],
-                "token_type_ids": [0] * len(head) + [1] * (end - start + 1),
+                "token_type_ids": [0] * len(head) + [pieces.second_type_id] * (end - start + 1),
                 "example": i,
                 "span": (start, end),
                 "context_start": len(head),
