@@ -1,5 +1,6 @@
 """The families' tokenizers give transformers' ids: RoBERTa's byte-level BPE (vocab.json +
-merges.txt, or tokenizer.json), ALBERT's Unigram through tokenizer.json, DistilBERT's WordPiece.
+merges.txt, or tokenizer.json), ALBERT's Unigram through tokenizer.json or spiece.model,
+DistilBERT's WordPiece.
 
 Every vocabulary is trained here with `tokenizers` on a few sentences: nothing downloads.
 """
@@ -96,7 +97,41 @@ def test_albert_unigram_tokenizer_json_gives_transformers_ids(tmp_path):
     assert [e.type_ids for e in ours.encode_batch(texts, PAIRS)] == theirs(texts, PAIRS, return_token_type_ids=True)["token_type_ids"]
 
 
-def test_spiece_model_alone_names_the_fix(tmp_path):
+def spiece_dir(directory):
+    """An ALBERT tokenizer directory holding only spiece.model, trained by SentencePiece here."""
+    spm = pytest.importorskip("sentencepiece")
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS + ["In 1998, 3,000 people met ``quoted'' text."] * 10), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(directory / "spiece"), vocab_size=90,
+                                   model_type="unigram", pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+                                   control_symbols=["[CLS]", "[SEP]", "[MASK]"], minloglevel=2)
+    corpus.unlink()
+    (directory / "spiece.vocab").unlink()
+    (directory / "config.json").write_text(json.dumps({"model_type": "albert"}))
+    return directory
+
+
+def test_albert_spiece_model_alone_gives_transformers_ids(tmp_path):
+    """spiece.model without tokenizer.json: the same ids as transformers' AlbertTokenizer reading
+    it (the model's precompiled charsmap included), and the same again after a save and reload."""
+    directory = tmp_path / "albert"
+    directory.mkdir()
+    spiece_dir(directory)
+    ours = BertTokenizer.from_pretrained(directory)
+    theirs = transformers.AlbertTokenizer.from_pretrained(directory)
+    texts = TEXTS + ["In 1998, ``quoted'' text [MASK] here.", "ＦＵＬＬ width ①②", "a [MASK]b"]
+    pairs = PAIRS + ["one", "two", "three"]
+    assert ours_ids(ours, texts) == ids(theirs(texts))
+    assert ours_ids(ours, texts, pairs) == ids(theirs(texts, pairs))
+    assert [e.type_ids for e in ours.encode_batch(texts, pairs)] == \
+        theirs(texts, pairs, return_token_type_ids=True)["token_type_ids"]
+    assert ours.convert_ids_to_tokens(ours.encode("a [MASK]b").ids).count("[MASK]") == 1  # kept whole
+    ours.save_pretrained(tmp_path / "saved")
+    assert ours_ids(BertTokenizer.from_pretrained(tmp_path / "saved"), texts, pairs) == ours_ids(ours, texts, pairs)
+
+
+def test_spiece_model_that_is_no_model_names_the_file(tmp_path):
+    pytest.importorskip("sentencepiece")
     (tmp_path / "spiece.model").write_bytes(b"\x00")
-    with pytest.raises(FileNotFoundError, match="spiece.model but no tokenizer.json"):
+    with pytest.raises(ValueError, match="cannot read .*spiece.model as a SentencePiece model"):
         BertTokenizer.from_pretrained(tmp_path)

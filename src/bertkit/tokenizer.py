@@ -13,9 +13,9 @@ The other families' tokenizers load through the same class: whatever a tokenizer
 (RoBERTa's byte-level BPE, ALBERT's SentencePiece Unigram, DistilBERT's WordPiece) runs as it is,
 with the special tokens of tokenizer_config.json, or the family's defaults (`FAMILY_SPECIALS`,
 by tokenizer_class or config.json's model_type). A RoBERTa directory without tokenizer.json
-loads from vocab.json + merges.txt as transformers' RobertaTokenizer builds it. ALBERT's
-spiece.model alone is not read (it needs sentencepiece and protobuf): save the tokenizer once with
-transformers to get its tokenizer.json.
+loads from vocab.json + merges.txt as transformers' RobertaTokenizer builds it, an ALBERT
+directory without tokenizer.json from spiece.model as transformers' AlbertTokenizer builds it
+(reading the file takes sentencepiece and protobuf: the `albert` extra).
 
 The `tokenizers` backend keeps truncation and padding as state; each call here sets them for itself,
 so one `BertTokenizer` must not be shared by threads that encode with different settings at once.
@@ -195,11 +195,13 @@ class BertTokenizer:
                                           trim_offsets=bool(config.get("trim_offsets", True)),
                                           tokenizer_class=config.get("tokenizer_class"))
             if not vocab_file.exists():
-                if (directory / "spiece.model").is_file():
-                    raise FileNotFoundError(
-                        f"{directory} has spiece.model but no tokenizer.json; bertkit reads SentencePiece "
-                        "models through tokenizer.json: write it once with transformers "
-                        f"(AutoTokenizer.from_pretrained('{directory}').save_pretrained('{directory}'))")
+                if path.is_dir() and (directory / "spiece.model").is_file():
+                    return cls.from_sentencepiece(
+                        directory / "spiece.model", lowercase=bool(config.get("do_lower_case", True)),
+                        keep_accents=bool(config.get("keep_accents", False)),
+                        add_prefix_space=bool(config.get("add_prefix_space", True)),
+                        model_max_length=max_len, special_tokens=specials,
+                        tokenizer_class=config.get("tokenizer_class"))
                 raise FileNotFoundError(f"no tokenizer.json or vocab.txt in {directory}; a BERT "
                                         "tokenizer directory needs one of them (RoBERTa: vocab.json "
                                         "and merges.txt)")
@@ -253,6 +255,67 @@ class BertTokenizer:
             (sep, backend.token_to_id(sep)), (bos, backend.token_to_id(bos)), trim_offsets, add_prefix_space)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
         tokenizer.tokenizer_class = tokenizer_class or "RobertaTokenizer"
+        return tokenizer
+
+    @classmethod
+    def from_sentencepiece(cls, spiece_model: str | os.PathLike, *, lowercase: bool = True,
+                           keep_accents: bool = False, add_prefix_space: bool = True,
+                           model_max_length: int = 512, special_tokens: dict[str, str] | None = None,
+                           tokenizer_class: str | None = None) -> "BertTokenizer":
+        """ALBERT's SentencePiece Unigram model (spiece.model) as a `tokenizers` pipeline, built as
+        transformers' AlbertTokenizer builds it from the same file: the pieces and scores, the
+        model's own normalisation table (precompiled charsmap) after ``/'' → ", NFKD and accent
+        stripping (unless keep_accents) and lowercasing; whitespace split, "▁" word prefix;
+        `[CLS] A [SEP] B [SEP]` with segments 0 / 1. Control symbols ([CLS], [SEP], [MASK], <pad>)
+        are special tokens, so "[MASK]" in raw text stays one token.
+
+        Reading the file takes the `sentencepiece` package's message definition and `protobuf`
+        (the `albert` extra); once loaded, encoding runs in `tokenizers` alone.
+        """
+        from tokenizers import AddedToken
+        from tokenizers.models import Unigram
+
+        try:
+            from sentencepiece import sentencepiece_model_pb2
+        except ImportError as err:
+            raise ImportError(f"reading {spiece_model} needs sentencepiece and protobuf ({err.name} is "
+                              "not installed): pip install 'bertkit[albert]', or save the tokenizer "
+                              "once with transformers to get a tokenizer.json") from None
+        proto = sentencepiece_model_pb2.ModelProto()
+        try:
+            proto.ParseFromString(Path(spiece_model).read_bytes())
+        except Exception as err:  # protobuf's DecodeError, or a file that is no model at all
+            raise ValueError(f"cannot read {spiece_model} as a SentencePiece model: {err}") from None
+        if proto.trainer_spec.model_type != 1:  # 1 = UNIGRAM; ALBERT's is always Unigram
+            raise ValueError(f"{spiece_model} is a SentencePiece model of type "
+                             f"{proto.trainer_spec.model_type}, not Unigram (1) as ALBERT's; give its "
+                             "tokenizer.json instead")
+        backend = Tokenizer(Unigram([(piece.piece, piece.score) for piece in proto.pieces],
+                                    unk_id=proto.trainer_spec.unk_id, byte_fallback=False))
+        steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+        if not keep_accents:
+            steps += [normalizers.NFKD(), normalizers.StripAccents()]
+        if lowercase:
+            steps.append(normalizers.Lowercase())
+        if proto.normalizer_spec.precompiled_charsmap:
+            steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+        backend.normalizer = normalizers.Sequence(steps)
+        scheme = "always" if add_prefix_space else "never"
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
+        backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+        # SentencePiece's CONTROL (3) pieces are special; USER_DEFINED (4) ones are kept whole.
+        backend.add_tokens([AddedToken(p.piece, normalized=False, special=p.type == 3)
+                            for p in proto.pieces if p.type in (3, 4)])
+        specials = {**FAMILY_SPECIALS["albert"], **(special_tokens or {})}
+        missing = [t for t in specials.values() if backend.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"{spiece_model} has no {missing[0]!r}; ALBERT inputs need "
+                             f"{', '.join(specials.values())} among its pieces")
+        backend.add_special_tokens(list(dict.fromkeys(specials.values())))
+        _set_bert_post_processor(backend, specials["cls_token"], specials["sep_token"])
+        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
+        tokenizer.tokenizer_class = tokenizer_class or "AlbertTokenizer"
         return tokenizer
 
     # -- settings ------------------------------------------------------------------------------
