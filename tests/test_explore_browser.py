@@ -315,6 +315,12 @@ def test_masking_shows_the_draw_and_the_models_guesses(page, api, shots):
     act(page, root, lambda: root.find_element(By.CSS_SELECTOR, '[data-testid="masking-whole-word"]').send_keys(Keys.SPACE))
     check_masking(root, api("/api/masking", {"text": long_text, "seed": 1, "whole_word": True}))
     screenshot(page, shots, "3-masking")
+    chinese = "北京是中国的首都，也是全国的政治和文化中心。"  # jieba's words are shown under the tokens
+    act(page, root, lambda: (set_text(text_box, chinese), text_box.find_element(By.XPATH, "ancestor::form").submit()))
+    data = api("/api/masking", {"text": chinese, "seed": 1, "whole_word": True})
+    assert data["words"] and [w.text for w in root.find_elements(
+        By.CSS_SELECTOR, '[data-testid="masking-words"] .word')] == data["words"]
+    check_masking(root, data)
 
 
 def check_fill_mask(root, texts, dirs):

@@ -22,7 +22,8 @@ export function mount(root, info) {
     position = data.position;
     render(out, data, (p) => { position = p; load(); });
   });
-  form.addEventListener("submit", (event) => { event.preventDefault(); load(); });
+  // A new text may be shorter than the chosen position: start again at its first real token.
+  form.addEventListener("submit", (event) => { event.preventDefault(); position = 1; load(); });
   load();
 }
 

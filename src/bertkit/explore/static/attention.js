@@ -4,7 +4,7 @@
 // hidden (what BERT does) and without (what would happen if the mask were forgotten).
 
 import { optional, postJSON, run } from "./api.js";
-import { diverging, el, field, fmtProb, heat, heatCanvas, heatmap, svgEl } from "./charts.js";
+import { diverging, el, field, fitCell, fmtProb, heat, heatCanvas, heatmap, svgEl } from "./charts.js";
 
 const ROW = 22; // px per token in the line view
 
@@ -98,7 +98,7 @@ function paddingPanel(padding) {
   const meanOf = (xs) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
   const absMax = Math.max(1e-12, ...padding.scores.flat().map(Math.abs));
   const map = (matrix, testid, title, color) => el("figure", { class: "panel" }, el("figcaption", {}, title),
-    heatmap(matrix, { rows, cols: tokens, cell: 18, testid, title, color, colClass: isPad }));
+    heatmap(matrix, { rows, cols: tokens, cell: fitCell(tokens.length, 300, 5, 18), testid, title, color, colClass: isPad }));
   const without = meanOf(padMass(padding.without_mask));
   const withMask = meanOf(padMass(padding.with_mask));
   return el("div", { class: "panel", "data-testid": "attention-padding" },
@@ -130,9 +130,9 @@ function render(out, state, hideSpecial, pickHead, pickQuery) {
       el("p", { class: "caption" }, "Pick a token on the left to see only where it looks."),
       el("div", { class: "side-by-side" },
         lineView(data, keep, matrix, state, pickQuery, hideSpecial),
-        heatmap(sub, { rows: keep.map((i) => data.tokens[i]), cols: keep.map((i) => data.tokens[i]), cell: 24,
+        heatmap(sub, { rows: keep.map((i) => data.tokens[i]), cols: keep.map((i) => data.tokens[i]), cell: fitCell(keep.length, 560),
           rowIds: keep, colIds: keep, testid: "attention-cell", color: scaleFor(sub, hideSpecial),
-          title: `layer ${layer} head ${head} attention weights`, text: keep.length <= 16 ? (v) => v.toFixed(2).replace(/^0/, "") : null,
+          title: `layer ${layer} head ${head} attention weights`, text: keep.length <= 20 ? (v) => v.toFixed(2).replace(/^0/, "") : null,
           rowClass: (r) => (keep[r] === state.query ? "hl" : "") }))),
     paddingPanel(data.padding));
   if (refocus === "attention-thumb") {

@@ -33,6 +33,9 @@ export const fmtNum = (x, digits = 3) => (x === null || x === undefined ? "—" 
 export const fmtInt = (n) => Number(n).toLocaleString("en-US");
 export const fmtShare = (s) => `${(100 * s).toFixed(2)}%`;
 
+/** A cell size (px) that keeps a matrix of n rows or columns near `span` px, within [lo, hi]. */
+export const fitCell = (n, span, lo = 6, hi = 24) => Math.max(lo, Math.min(hi, Math.floor(span / Math.max(1, n))));
+
 /** A light-to-dark blue for a value in [0, 1]. */
 export function heat(t) {
   const clamped = Math.max(0, Math.min(1, t));
@@ -62,14 +65,15 @@ export function heatmap(matrix, options = {}) {
   const nCols = nRows ? matrix[0].length : 0;
   const left = labelWidth(rows);
   const top = labelWidth(cols);
+  const labelStyle = `font-size:${Math.min(11, cell - 1)}px`; // small cells, small labels: no overlap
   const svg = svgEl("svg", { class: "heatmap", width: left + nCols * cell + 2, height: top + nRows * cell + 2,
                              role: "img", "aria-label": title });
   if (title) svg.append(svgEl("title", {}, title));
   rows?.forEach((label, r) => svg.append(svgEl("text", {
-    x: left - 4, y: top + r * cell + cell / 2, class: `label row-label ${rowClass(r)}`,
+    x: left - 4, y: top + r * cell + cell / 2, class: `label row-label ${rowClass(r)}`, style: labelStyle,
     "text-anchor": "end", "dominant-baseline": "central" }, label)));
   cols?.forEach((label, c) => svg.append(svgEl("text", {
-    x: 0, y: 0, class: `label col-label ${colClass(c)}`, "dominant-baseline": "central",
+    x: 0, y: 0, class: `label col-label ${colClass(c)}`, style: labelStyle, "dominant-baseline": "central",
     transform: `translate(${left + c * cell + cell / 2}, ${top - 4}) rotate(-60)` }, label)));
   matrix.forEach((row, r) => row.forEach((value, c) => {
     const rect = svgEl("rect", {

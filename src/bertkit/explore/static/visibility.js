@@ -3,7 +3,7 @@
 // leak: the answer sits in the input, so the model can copy it instead of learning anything.
 
 import { optional, postJSON, run } from "./api.js";
-import { el, field, fmtProb, heatmap, tokenButtons } from "./charts.js";
+import { el, field, fitCell, fmtProb, heatmap, tokenButtons } from "./charts.js";
 
 export function mount(root, info) {
   const text = field("Text", { id: "vis-text", value: info.examples.text });
@@ -19,7 +19,8 @@ export function mount(root, info) {
     position = data.position;
     render(out, data, info, (p) => { position = p; load(); });
   });
-  form.addEventListener("submit", (event) => { event.preventDefault(); load(); });
+  // A new text may be shorter than the chosen position: start again at its first real token.
+  form.addEventListener("submit", (event) => { event.preventDefault(); position = 1; load(); });
   load();
 }
 
@@ -35,7 +36,7 @@ function maskPanel(title, key, matrix, data, pick) {
       classFor: (j) => [j === p ? "selected" : "", matrix[p][j] ? "visible" : "hidden-token",
                         data.special[j] ? "special" : ""].join(" "),
       extra: (j) => ({ "data-visible": String(matrix[p][j]) }) }),
-    heatmap(matrix, { rows: data.tokens, cols: data.tokens, cell: 16, testid: `visibility-${key}-cell`,
+    heatmap(matrix, { rows: data.tokens, cols: data.tokens, cell: fitCell(data.tokens.length, 420, 6, 20), testid: `visibility-${key}-cell`,
       title: `${title}: row = query, column = key; dark = may attend`,
       color: (v) => (v ? "hsl(215, 70%, 45%)" : "hsl(215, 30%, 95%)"),
       rowClass: (r) => (r === p ? "hl" : ""), colClass: () => "" }),
