@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, has_cjk, mask_text
+from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, has_cjk, jieba_word_starts, mask_text
 from bertkit.data.report import IGNORE_INDEX
 from bertkit.inference import Engine, classify, fill_mask, ner, qa, rerank, similarity
 from bertkit.model import BertForMaskedLM, BertModel, count_parameters
@@ -38,14 +38,12 @@ CJK_VOCAB_SHARE = 0.3
 
 EXAMPLES = {
     "zh": {"text": "他把钱存进了银行。", "pair": "两国领导人举行了会谈。",
-           "mask_pair": ["[MASK]京是中国的首都。", "[MASK]京是江苏省的省会。"],
            "classify": "这家酒店的服务很好，房间也很干净。",
            "ner": "江泽民主席在北京会见了美国总统克林顿。",
            "question": "中国的首都是哪里？", "context": "北京是中国的首都，也是全国的政治和文化中心。",
            "similar": ["今天天气很好。", "今天是晴天。", "股市今天下跌了。"],
            "query": "中国的首都", "documents": ["北京是中国的首都。", "上海是一座大城市。", "今天天气很好。"]},
     "en": {"text": "the bank raised interest rates.", "pair": "shares fell after the announcement.",
-           "mask_pair": ["[MASK] released a new version of windows.", "[MASK] sold millions of ipods."],
            "classify": "the film was a delight from start to finish.",
            "ner": "tony blair met george bush in washington.",
            "question": "who leads the government?", "context": "the prime minister leads the government of the united kingdom.",
@@ -53,6 +51,11 @@ EXAMPLES = {
            "query": "capital of france", "documents": ["paris is the capital of france.",
                                                        "berlin is a large city.", "the weather is nice today."]},
 }
+
+
+# The fill-mask view's two contexts for one slot: the quickstart's minimal pairs (its README shows
+# the demo model's answers), the one whose best answers differ most for the demo model.
+MASK_PAIR = {"zh": 2, "en": 0}  # 美国 / 俄罗斯 (Clinton / Yeltsin); microsoft / apple
 
 
 class ViewError(ValueError):
@@ -114,6 +117,8 @@ class Explorer:
         task = "fill-mask" if head_task(path) == "fill-mask" else "embed"
         engine = Engine.load(path, task=task, precision="fp32")
         explorer = cls(name or path.name, path, engine.model, engine.tokenizer, engine)
+        if explorer.language == "zh":  # jieba loads its dictionary once, here, not at the first click
+            jieba_word_starts(["预热"])
         if task == "embed":  # a sentence encoder (MiniLM): its similarity matrix is a task too
             explorer.tasks[explorer.name] = TaskModel(explorer.name, "embed", engine)
         for task_name, task_dir in tasks:
@@ -176,9 +181,13 @@ def info(explorer: Explorer) -> dict[str, Any]:
 
 
 def _examples(explorer: Explorer) -> dict[str, Any]:
-    examples = dict(EXAMPLES[explorer.language])
+    from bertkit.quickstart import LANGUAGES
+
+    language = explorer.language
+    examples = dict(EXAMPLES[language])
     mask = explorer.tokenizer.special_tokens["mask_token"]
-    examples["mask_pair"] = [text.replace("[MASK]", mask) for text in examples["mask_pair"]]
+    examples["mask_pair"] = [text.replace("[MASK]", mask)
+                             for text, _ in LANGUAGES[language].pairs[MASK_PAIR[language]]]
     return examples
 
 
