@@ -223,3 +223,36 @@ def test_routes_answer_json_and_clear_errors(explorer):
         assert broken.status_code == 422 and "not JSON" in broken.json()["error"]
         missing = client.get("/api/nothing")
         assert missing.status_code == 404 and "POST /api/masking" in missing.json()["error"]
+
+
+def test_cli_prints_the_url_and_serves_the_page(dirs):
+    """`bertkit explore MODEL --model NAME=DIR --port 0`: loads, prints its URL, answers, stops on SIGTERM."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "bertkit.cli", "explore", str(dirs["mlm"]), "--model",
+                             f"sentiment={dirs['clf']}", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url, lines, deadline = None, [], time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:  # bounded: a hung start fails the test
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"explorer on (http://127\.0\.0\.1:\d+/)", line)
+            url = found and found.group(1)
+        assert url, "".join(lines)
+        assert any("task sentiment:" in line and "→ classify" in line for line in lines)
+        info = httpx.get(url + "api/info", timeout=30).json()
+        assert info["model"]["has_mlm"] and [t["name"] for t in info["tasks"]] == ["sentiment"]
+        assert "<script" in httpx.get(url, timeout=30).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

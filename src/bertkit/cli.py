@@ -923,13 +923,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_serve)
 
 
+def _need_web_stack(command: str) -> None:
+    """The `serve` extra's packages, or an error with the line that installs them."""
+    import importlib.util
+
+    for module in ("starlette", "uvicorn", "prometheus_client"):
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"bertkit {command} needs the web stack ({module} is not installed): "
+                             "pip install 'bertkit[serve]'")
+
+
 def _run_serve(args: argparse.Namespace) -> None:
-    try:
-        from bertkit.serve import Limits, Service, load_model, parse_model_args, serve
-        from bertkit.serve.app import listen
-    except ImportError as err:
-        raise ValueError(f"bertkit serve needs the web stack ({err.name} is not installed): "
-                         "pip install 'bertkit[serve]'") from None
+    _need_web_stack("serve")
+    from bertkit.serve import Limits, Service, load_model, parse_model_args, serve
+    from bertkit.serve.app import listen
+
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
                     max_client_batch_size=args.max_client_batch_size,
                     max_batch_tokens=args.max_batch_tokens, payload_limit=args.payload_limit,
@@ -965,13 +973,10 @@ def _add_explore(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_explore(args: argparse.Namespace) -> None:
-    try:
-        from bertkit.explore.app import run
-        from bertkit.serve.app import listen
-    except ImportError as err:
-        raise ValueError(f"bertkit explore needs the web stack ({err.name} is not installed): "
-                         "pip install 'bertkit[serve]'") from None
+    _need_web_stack("explore")
     from bertkit.explore import Explorer, default_model_dir
+    from bertkit.explore.app import run
+    from bertkit.serve.app import listen
 
     tasks = []
     for spec in args.tasks:
