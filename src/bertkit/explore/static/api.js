@@ -45,23 +45,37 @@ export async function postJSON(path, payload) {
   return parse(response, path);
 }
 
-/** Run one interaction of a view: `work` fetches and renders; errors go to the status area. */
+const STALE = Symbol("stale"); // thrown when a newer run of the same view started meanwhile
+const tickets = new WeakMap();
+
+/**
+ * Run one interaction of a view: `work(post)` fetches with `post(path, payload)` and renders; errors
+ * go to the status area. When the user clicks again before an answer arrives, the older answer is
+ * dropped (its `post` throws STALE) so a slow reply can never overwrite a newer one.
+ */
 export async function run(root, work) {
+  const ticket = (tickets.get(root) || 0) + 1;
+  tickets.set(root, ticket);
+  const post = async (path, payload) => {
+    const data = await postJSON(path, payload);
+    if (tickets.get(root) !== ticket) throw STALE;
+    return data;
+  };
   const started = performance.now();
   root.dataset.state = "loading";
   root.setAttribute("aria-busy", "true");
   try {
-    await work();
+    await work(post);
     root.dataset.state = "ready";
     clearStatus();
   } catch (error) {
+    if (error === STALE) return;
     root.dataset.state = "error";
     say(error.message, "error");
-  } finally {
-    root.removeAttribute("aria-busy");
-    root.dataset.ms = String(Math.round(performance.now() - started));
-    root.dataset.done = String(Number(root.dataset.done || 0) + 1);
   }
+  root.removeAttribute("aria-busy");
+  root.dataset.ms = String(Math.round(performance.now() - started));
+  root.dataset.done = String(Number(root.dataset.done || 0) + 1);
 }
 
 /** A view with nothing to fetch (no MLM head, no task models) is ready as soon as it is drawn. */

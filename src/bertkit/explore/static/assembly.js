@@ -2,7 +2,7 @@
 // the three table rows the model adds up (token + position + segment), the sum and the LayerNorm output.
 // Below, the model's parameter table, to show how much of a small BERT is its embedding tables.
 
-import { optional, postJSON, run } from "./api.js";
+import { optional, run } from "./api.js";
 import { el, field, fmtInt, fmtNum, fmtShare, tokenButtons, vectorStrip } from "./charts.js";
 
 const LEADING = 8; // dims printed as numbers; the strip chart shows the rest
@@ -17,8 +17,8 @@ export function mount(root, info) {
   root.append(form, out, parameterTable(info.model));
 
   let position = 1;
-  const load = () => run(root, async () => {
-    const data = await postJSON("/api/assembly", { text: text.input.value, pair: optional(pair.input.value), position });
+  const load = () => run(root, async (post) => {
+    const data = await post("/api/assembly", { text: text.input.value, pair: optional(pair.input.value), position });
     position = data.position;
     render(out, data, (p) => { position = p; load(); });
   });

@@ -3,7 +3,7 @@
 // with its numbers), and the padding panel: one head's real scores, softmaxed with the padding keys
 // hidden (what BERT does) and without (what would happen if the mask were forgotten).
 
-import { optional, postJSON, run } from "./api.js";
+import { optional, ready, run } from "./api.js";
 import { diverging, el, field, fitCell, fmtProb, heat, heatCanvas, heatmap, svgEl } from "./charts.js";
 
 const ROW = 22; // px per token in the line view
@@ -21,8 +21,8 @@ export function mount(root, info) {
   root.append(form, out);
 
   const state = { layer: 0, head: 0, data: null, query: null };
-  const load = () => run(root, async () => {
-    state.data = await postJSON("/api/attention", { text: text.input.value, pair: optional(pair.input.value),
+  const load = () => run(root, async (post) => {
+    state.data = await post("/api/attention", { text: text.input.value, pair: optional(pair.input.value),
       pad: Number(pad.input.value) || 4, layer: state.layer, head: state.head });
     draw();
   });
@@ -31,7 +31,8 @@ export function mount(root, info) {
     load(); // the padding panel is computed by the server for the chosen head
   }, (query) => { state.query = state.query === query ? null : query; draw(); });
   form.addEventListener("submit", (event) => { event.preventDefault(); load(); });
-  hide.addEventListener("change", () => { if (state.data) run(root, async () => draw()); });
+  // Hiding is drawn from the numbers at hand; not a run, so an answer in flight is not dropped.
+  hide.addEventListener("change", () => { if (state.data) { draw(); ready(root); } });
   load();
 }
 

@@ -1,7 +1,7 @@
 // View 4, fill-mask: the masked-LM head's top-k for every [MASK], for two contexts side by side so the
 // same slot can be seen to change with its neighbours (the fruit against the company).
 
-import { postJSON, ready, run } from "./api.js";
+import { ready, run } from "./api.js";
 import { barRow, el, field, noMlmNotice } from "./charts.js";
 
 export function mount(root, info) {
@@ -19,9 +19,9 @@ export function mount(root, info) {
   const out = el("div", { class: "output side-by-side", "data-testid": "fillmask-output" });
   root.append(form, out);
 
-  const load = () => run(root, async () => {
+  const load = () => run(root, async (post) => {
     const texts = [a.input.value, b.input.value].filter((t) => t.trim() !== "");
-    const data = await postJSON("/api/fill-mask", { texts, top_k: Number(k.input.value) || 5 });
+    const data = await post("/api/fill-mask", { texts, top_k: Number(k.input.value) || 5 });
     out.replaceChildren(...data.results.map((masks, i) => column(texts[i], masks, i)));
   });
   form.addEventListener("submit", (event) => { event.preventDefault(); load(); });

@@ -3,7 +3,7 @@
 // the model sees, the labels (-100 = no loss), and the model's top-5, p(true token) and loss at each pick.
 // The seed makes a draw reproducible; "reseed" draws again. Whole-word masking picks all pieces of a word.
 
-import { postJSON, run } from "./api.js";
+import { run } from "./api.js";
 import { el, field, fmtNum, fmtProb } from "./charts.js";
 
 const KIND_CLASS = { "[MASK]": "k-mask", random: "k-random", unchanged: "k-unchanged", "": "" };
@@ -19,8 +19,8 @@ export function mount(root, info) {
   const out = el("div", { class: "output", "data-testid": "masking-output" });
   root.append(form, out);
 
-  const load = () => run(root, async () => {
-    const data = await postJSON("/api/masking", { text: text.input.value, seed: Number(seed.input.value) || 0,
+  const load = () => run(root, async (post) => {
+    const data = await post("/api/masking", { text: text.input.value, seed: Number(seed.input.value) || 0,
                                                   whole_word: whole.checked });
     render(out, data, info);
   });

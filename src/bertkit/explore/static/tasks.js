@@ -2,8 +2,8 @@
 // its own input and its answer drawn the way people read it: bars for classes, spans marked in the text
 // for NER and QA, a matrix for embedding similarity, a ranked list for reranking.
 
-import { postJSON, ready, run } from "./api.js";
-import { barRow, el, field, fmtProb, heat, heatmap } from "./charts.js";
+import { ready, run } from "./api.js";
+import { barRow, el, field, fmtNum, fmtProb, heat, heatmap } from "./charts.js";
 
 export function mount(root, info) {
   if (!info.tasks.length) {
@@ -16,7 +16,7 @@ export function mount(root, info) {
   // One request per card, one after another: on two cores parallel requests only queue on the server.
   const cards = info.tasks.map((task) => card(task, info.examples));
   root.append(el("div", { class: "cards" }, cards.map((c) => c.node)));
-  run(root, async () => { for (const c of cards) await c.load(); });
+  run(root, async (post) => { for (const c of cards) await c.load(post); });
 }
 
 // Python counts characters in code points, JavaScript strings in UTF-16 units: slice code points.
@@ -42,10 +42,12 @@ const lines = (value) => value.split("\n").map((l) => l.trim()).filter(Boolean);
 const USES = {
   classify: (ex) => ({ inputs: [field("Text", { value: ex.classify }), field("Second text (optional)", { value: "" })],
     payload: ([t, p]) => ({ text: t, pair: p.trim() === "" ? null : p }),
-    draw: (r) => el("div", { class: "bars" },
+    draw: (r) => (r.label === null && "value" in r
+      ? el("p", {}, "Predicted value: ", el("b", { class: "num", "data-testid": "task-value", "data-value": String(r.value) }, fmtNum(r.value, 4)))
+      : el("div", { class: "bars" },
       el("p", {}, "Predicted: ", el("b", { "data-testid": "task-label" }, r.label)),
       Object.entries(r.scores).sort((a, b) => b[1] - a[1]).map(([label, p]) => barRow(label, p, {
-        valueTestid: "task-classify-prob", attrs: { "data-testid": "task-classify-row", "data-label": label, "data-prob": String(p) } }))) }),
+        valueTestid: "task-classify-prob", attrs: { "data-testid": "task-classify-row", "data-label": label, "data-prob": String(p) } })))) }),
   ner: (ex) => ({ inputs: [field("Text", { value: ex.ner, multiline: true })],
     payload: ([t]) => ({ text: t }),
     draw: (r) => el("div", {}, r.entities.length ? marked(r.text, r.entities, { testid: "task-ner-entity", label: (s) => s.type })
@@ -85,9 +87,9 @@ function card(task, examples) {
     el("h3", {}, task.name, " ", el("span", { class: "badge" }, task.use)),
     task.labels.length ? el("p", { class: "caption" }, `labels: ${task.labels.join(", ")}`) : null,
     form, out);
-  const load = async () => {
+  const load = async (post) => {
     const values = spec.inputs.map((f) => f.input.value);
-    const result = await postJSON("/api/task", { model: task.name, ...spec.payload(values) });
+    const result = await post("/api/task", { model: task.name, ...spec.payload(values) });
     out.replaceChildren(spec.draw(result));
   };
   form.addEventListener("submit", (event) => {

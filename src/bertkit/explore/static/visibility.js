@@ -2,7 +2,7 @@
 // the three training objectives side by side. Full visibility with a next-token target is marked as a
 // leak: the answer sits in the input, so the model can copy it instead of learning anything.
 
-import { optional, postJSON, run } from "./api.js";
+import { optional, run } from "./api.js";
 import { el, field, fitCell, fmtProb, heatmap, tokenButtons } from "./charts.js";
 
 export function mount(root, info) {
@@ -14,8 +14,8 @@ export function mount(root, info) {
   root.append(form, out);
 
   let position = 1; // the first real token: [CLS] at 0 is less telling
-  const load = () => run(root, async () => {
-    const data = await postJSON("/api/visibility", { text: text.input.value, pair: optional(pair.input.value), position });
+  const load = () => run(root, async (post) => {
+    const data = await post("/api/visibility", { text: text.input.value, pair: optional(pair.input.value), position });
     position = data.position;
     render(out, data, info, (p) => { position = p; load(); });
   });
