@@ -3,7 +3,7 @@
 // Below, the model's parameter table, to show how much of a small BERT is its embedding tables.
 
 import { optional, run } from "./api.js";
-import { el, field, fmtInt, fmtNum, fmtShare, tokenButtons, vectorStrip } from "./charts.js";
+import { el, field, fmtInt, fmtNum, fmtShare, maxOf, tokenButtons, vectorStrip } from "./charts.js";
 
 const LEADING = 8; // dims printed as numbers; the strip chart shows the rest
 const KINDS = [["token", "token embedding"], ["position", "position embedding"], ["segment", "segment embedding"],
@@ -62,7 +62,7 @@ function vectorTable(data) {
 function strips(data) {
   // One scale for the three rows and their sum so the bars compare; LayerNorm's output has its own scale.
   const raw = ["token", "position", "segment", "sum"].map((k) => data.vectors[k]).filter(Boolean);
-  const shared = Math.max(1e-12, ...raw.flat().map(Math.abs));
+  const shared = Math.max(1e-12, maxOf(raw.flat().map(Math.abs)));
   return el("div", { class: "strips" }, KINDS.filter(([k]) => data.vectors[k]).map(([key, name]) => {
     const scale = key === "layernorm" ? null : shared;
     return el("figure", { class: "strip-figure" },

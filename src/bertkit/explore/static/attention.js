@@ -4,7 +4,7 @@
 // hidden (what BERT does) and without (what would happen if the mask were forgotten).
 
 import { optional, ready, run } from "./api.js";
-import { diverging, el, field, fitCell, fmtProb, heat, heatCanvas, heatmap, svgEl } from "./charts.js";
+import { diverging, el, field, fitCell, fmtProb, heat, heatCanvas, heatmap, maxOf, svgEl } from "./charts.js";
 
 const ROW = 22; // px per token in the line view
 
@@ -36,8 +36,7 @@ export function mount(root, info) {
   load();
 }
 
-/** The token indices to show, and the colour scale: rescaled to the largest shown weight when hiding,
- *  because the specials often hold most of the mass and the rest would be near white. */
+/** The token indices to show: all, or all but [CLS]/[SEP] (every one, if nothing else is left). */
 function shownOf(data, hideSpecial) {
   const keep = data.tokens.map((_, i) => i).filter((i) => !(hideSpecial && data.special[i]));
   return keep.length ? keep : data.tokens.map((_, i) => i);
@@ -48,9 +47,10 @@ function subMatrix(matrix, keep) {
 }
 
 // Shade by the square root of the weight: a head spread over 30 tokens gives each about 0.03, which a
-// linear scale would draw as white.
+// linear scale would draw as white. With [CLS]/[SEP] hidden, rescale to the largest weight left: the
+// specials often hold most of the mass, and the rest would be near white too.
 function scaleFor(matrix, rescale) {
-  const top = rescale ? Math.max(1e-12, ...matrix.flat()) : 1;
+  const top = rescale ? Math.max(1e-12, maxOf(matrix.flat())) : 1;
   return (v) => heat(Math.sqrt(v / top));
 }
 
@@ -73,7 +73,7 @@ function lineView(data, keep, matrix, state, pickQuery, rescale) {
   const height = keep.length * ROW;
   const width = 160;
   // Line opacity = the weight itself, as bertviz draws it (rescaled only when specials are hidden).
-  const scale = rescale ? Math.max(1e-12, ...subMatrix(matrix, keep).flat()) : 1;
+  const scale = rescale ? Math.max(1e-12, maxOf(subMatrix(matrix, keep).flat())) : 1;
   const svg = svgEl("svg", { class: "lines", width, height, "aria-hidden": "true" });
   keep.forEach((q, a) => keep.forEach((k, b) => {
     if (state.query !== null && state.query !== q) return;
@@ -97,7 +97,7 @@ function paddingPanel(padding) {
   const isPad = (c) => (c >= real ? "pad-col" : "");
   const padMass = (m) => m.map((row) => row.slice(real).reduce((a, b) => a + b, 0));
   const meanOf = (xs) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
-  const absMax = Math.max(1e-12, ...padding.scores.flat().map(Math.abs));
+  const absMax = Math.max(1e-12, maxOf(padding.scores.flat().map(Math.abs)));
   const map = (matrix, testid, title, color) => el("figure", { class: "panel" }, el("figcaption", {}, title),
     heatmap(matrix, { rows, cols: tokens, cell: fitCell(tokens.length, 300, 5, 18), testid, title, color, colClass: isPad }));
   const without = meanOf(padMass(padding.without_mask));
@@ -111,7 +111,7 @@ function paddingPanel(padding) {
       " with it."),
     el("div", { class: "side-by-side three" },
       map(padding.scores, "padding-score-cell", "scores (before softmax)", (v) => diverging(v / absMax)),
-        map(padding.without_mask, "padding-without-cell", "softmax without the mask", scaleFor(padding.without_mask, false)),
+      map(padding.without_mask, "padding-without-cell", "softmax without the mask", scaleFor(padding.without_mask, false)),
       map(padding.with_mask, "padding-with-cell", "softmax with the mask", scaleFor(padding.with_mask, false))));
 }
 

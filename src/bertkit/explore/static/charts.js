@@ -33,6 +33,13 @@ export const fmtNum = (x, digits = 3) => (x === null || x === undefined ? "—" 
 export const fmtInt = (n) => Number(n).toLocaleString("en-US");
 export const fmtShare = (s) => `${(100 * s).toFixed(2)}%`;
 
+/** The largest value; a loop, because Math.max(...xs) overflows the call stack on a 512 × 512 matrix. */
+export function maxOf(values) {
+  let top = -Infinity;
+  for (const v of values) if (v > top) top = v;
+  return top;
+}
+
 /** A cell size (px) that keeps a matrix of n rows or columns near `span` px, within [lo, hi]. */
 export const fitCell = (n, span, lo = 6, hi = 24) => Math.max(lo, Math.min(hi, Math.floor(span / Math.max(1, n))));
 
@@ -105,7 +112,7 @@ export function barRow(label, value, { max = 1, format = fmtProb, attrs = {}, va
 export function vectorStrip(values, { scale, height = 56, barWidth = 3, limit = 256, title = "" } = {}) {
   const shown = values.slice(0, limit);
   const half = height / 2;
-  const s = scale || Math.max(1e-12, ...shown.map(Math.abs));
+  const s = scale || Math.max(1e-12, maxOf(shown.map(Math.abs)));
   const svg = svgEl("svg", { class: "strip", width: shown.length * barWidth, height, role: "img", "aria-label": title });
   svg.append(svgEl("line", { x1: 0, x2: shown.length * barWidth, y1: half, y2: half, class: "zero" }));
   shown.forEach((v, i) => {
