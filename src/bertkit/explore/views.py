@@ -116,7 +116,9 @@ class Explorer:
                                     "runs/quickstart/model after `make demo`")
         task = "fill-mask" if head_task(path) == "fill-mask" else "embed"
         engine = Engine.load(path, task=task, precision="fp32")
-        explorer = cls(name or path.name, path, engine.model, engine.tokenizer, engine)
+        # runs/quickstart/model is "quickstart": a directory called "model" is named by its run
+        default_name = path.resolve().parent.name if path.resolve().name == "model" else path.resolve().name
+        explorer = cls(name or default_name, path, engine.model, engine.tokenizer, engine)
         if explorer.language == "zh":  # jieba loads its dictionary once, here, not at the first click
             jieba_word_starts(["预热"])
         if task == "embed":  # a sentence encoder (MiniLM): its similarity matrix is a task too
