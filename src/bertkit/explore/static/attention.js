@@ -49,9 +49,14 @@ function subMatrix(matrix, keep) {
 // Shade by the square root of the weight: a head spread over 30 tokens gives each about 0.03, which a
 // linear scale would draw as white. With [CLS]/[SEP] hidden, rescale to the largest weight left: the
 // specials often hold most of the mass, and the rest would be near white too.
-function scaleFor(matrix, rescale) {
+function shadeOf(matrix, rescale) {
   const top = rescale ? Math.max(1e-12, maxOf(matrix.flat())) : 1;
-  return (v) => heat(Math.sqrt(v / top));
+  return (v) => Math.sqrt(v / top);
+}
+
+function scaleFor(matrix, rescale) {
+  const shade = shadeOf(matrix, rescale);
+  return (v) => heat(shade(v));
 }
 
 function grid(data, keep, hideSpecial, state, pick) {
@@ -120,6 +125,7 @@ function render(out, state, hideSpecial, pickHead, pickQuery) {
   const keep = shownOf(data, hideSpecial);
   const matrix = data.attention[layer][head];
   const sub = subMatrix(matrix, keep);
+  const shade = shadeOf(sub, hideSpecial); // once: it scans the matrix for its maximum
   const refocus = document.activeElement && document.activeElement.dataset.testid; // keep keyboard users in place
   out.replaceChildren(
     el("h3", {}, `${data.layers} layers × ${data.heads} heads`),
@@ -133,6 +139,7 @@ function render(out, state, hideSpecial, pickHead, pickQuery) {
         lineView(data, keep, matrix, state, pickQuery, hideSpecial),
         heatmap(sub, { rows: keep.map((i) => data.tokens[i]), cols: keep.map((i) => data.tokens[i]), cell: fitCell(keep.length, 560),
           rowIds: keep, colIds: keep, testid: "attention-cell", color: scaleFor(sub, hideSpecial),
+          dark: (v) => shade(v) > 0.6,
           title: `layer ${layer} head ${head} attention weights`, text: keep.length <= 20 ? (v) => v.toFixed(2).replace(/^0/, "") : null,
           rowClass: (r) => (keep[r] === state.query ? "hl" : "") }))),
     paddingPanel(data.padding));

@@ -63,11 +63,13 @@ const labelWidth = (labels) => (labels ? Math.min(110, 14 + 7.5 * Math.max(1, ..
  * Options: rows / cols (labels, or null to draw none), cell (px), color(value) -> fill, testid (put on
  * every cell, with data-row, data-col and data-value = the exact number), rowClass(r) / colClass(c) for
  * highlighting, title (accessible name), text(value) -> string to print inside each cell, rowIds / colIds
- * (the original indices of the rows and columns shown, when some were left out) for data-row / data-col.
+ * (the original indices of the rows and columns shown, when some were left out) for data-row / data-col,
+ * dark(value) -> true where the fill is dark enough for white text.
  */
 export function heatmap(matrix, options = {}) {
   const { rows = null, cols = null, cell = 22, color = heat, testid = null, title = "",
-          rowClass = () => "", colClass = () => "", text = null, rowIds = null, colIds = null } = options;
+          rowClass = () => "", colClass = () => "", text = null, rowIds = null, colIds = null,
+          dark = (v) => v > 0.6 } = options;
   const nRows = matrix.length;
   const nCols = nRows ? matrix[0].length : 0;
   const left = labelWidth(rows);
@@ -91,7 +93,7 @@ export function heatmap(matrix, options = {}) {
     svg.append(rect);
     if (text) svg.append(svgEl("text", { x: left + c * cell + cell / 2, y: top + r * cell + cell / 2,
       class: "cell-text", "text-anchor": "middle", "dominant-baseline": "central",
-      fill: value > 0.6 ? "white" : "black" }, text(value)));
+      fill: dark(value) ? "white" : "black" }, text(value)));
   }));
   return svg;
 }
