@@ -3,7 +3,7 @@
 // Below, the model's parameter table, to show how much of a small BERT is its embedding tables.
 
 import { optional, run } from "./api.js";
-import { el, field, fmtInt, fmtNum, fmtShare, maxOf, tokenButtons, vectorStrip } from "./charts.js";
+import { el, field, fmtInt, fmtNum, fmtShare, robustScale, tokenButtons, vectorStrip } from "./charts.js";
 
 const LEADING = 8; // dims printed as numbers; the strip chart shows the rest
 const KINDS = [["token", "token embedding"], ["position", "position embedding"], ["segment", "segment embedding"],
@@ -60,13 +60,12 @@ function vectorTable(data) {
 }
 
 function strips(data) {
-  // One scale for the three rows and their sum so the bars compare; LayerNorm's output has its own scale.
-  const raw = ["token", "position", "segment", "sum"].map((k) => data.vectors[k]).filter(Boolean);
-  const shared = Math.max(1e-12, maxOf(raw.flat().map(Math.abs)));
+  // Each strip on its own scale (printed): the three rows differ in size by up to 10x, and one shared
+  // scale would draw the smaller ones flat. The table above compares the actual numbers.
   return el("div", { class: "strips" }, KINDS.filter(([k]) => data.vectors[k]).map(([key, name]) => {
-    const scale = key === "layernorm" ? null : shared;
+    const scale = robustScale(data.vectors[key]);
     return el("figure", { class: "strip-figure" },
-      el("figcaption", {}, `${name} (all ${data.dims} dims)`),
+      el("figcaption", {}, `${name}, all ${data.dims} dims (full bar = ±${fmtNum(scale)}; larger values clipped, darker)`),
       vectorStrip(data.vectors[key], { scale, barWidth: Math.max(1, Math.min(14, Math.floor(768 / data.dims))),
                                        title: `${name}, ${data.dims} dimensions` }));
   }));

@@ -108,19 +108,30 @@ export function barRow(label, value, { max = 1, format = fmtProb, attrs = {}, va
 }
 
 /**
- * A vector as a strip of thin bars around a zero line, one bar per dimension (first `limit` dims).
- * scale: the absolute value that fills half the height, shared between strips so they compare.
+ * The scale a strip of `values` is drawn at: the 98th percentile of |x|. BERT's embeddings have a few
+ * outlier dimensions (MiniLM's token rows: one dim ~10× the rest), and scaling to the maximum would
+ * draw every other dimension flat; the outliers are clipped instead.
  */
-export function vectorStrip(values, { scale, height = 56, barWidth = 3, limit = 256, title = "" } = {}) {
+export function robustScale(values) {
+  const sorted = values.map(Math.abs).sort((a, b) => a - b);
+  return Math.max(1e-12, sorted[Math.min(sorted.length - 1, Math.floor(0.98 * sorted.length))] || 0);
+}
+
+/**
+ * A vector as a strip of thin bars around a zero line, one bar per dimension (first `limit` dims).
+ * scale: the absolute value that fills half the height (larger values are clipped, drawn darker).
+ */
+export function vectorStrip(values, { scale, height = 56, barWidth = 3, limit = 1024, title = "" } = {}) {
   const shown = values.slice(0, limit);
   const half = height / 2;
-  const s = scale || Math.max(1e-12, maxOf(shown.map(Math.abs)));
+  const s = scale || robustScale(shown);
   const svg = svgEl("svg", { class: "strip", width: shown.length * barWidth, height, role: "img", "aria-label": title });
   svg.append(svgEl("line", { x1: 0, x2: shown.length * barWidth, y1: half, y2: half, class: "zero" }));
   shown.forEach((v, i) => {
     const h = Math.min(half, (half * Math.abs(v)) / s);
     svg.append(svgEl("rect", { x: i * barWidth, y: v >= 0 ? half - h : half, width: Math.max(1, barWidth - 1),
-                               height: Math.max(0.5, h), class: v >= 0 ? "pos" : "neg" }));
+                               height: Math.max(0.5, h),
+                               class: `${v >= 0 ? "pos" : "neg"}${Math.abs(v) > s ? " clipped" : ""}` }));
   });
   return svg;
 }
