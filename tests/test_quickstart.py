@@ -65,6 +65,7 @@ def test_report_shows_baseline_fill_mask_and_next_steps(demo):
         assert len(probs) == 5 and probs == sorted(probs, reverse=True), line
     assert report.count("[MASK]") >= 9
     assert f"bertkit finetune --task ner --model {out / 'model'} --dataset zh-ner" in report
+    assert f"bertkit explore {out / 'model'}" in report  # not the default dir, so it is named
 
 
 def test_heldout_examples_mask_a_real_character(demo):

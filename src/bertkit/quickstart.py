@@ -404,6 +404,8 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     log("next:")
     log(f"  bertkit fill-mask {model_dir} \"{pair_texts[0]}\"")
     log(f"  bertkit plot {out}")
+    explore_dir = "" if str(model_dir) == "runs/quickstart/model" else f" {model_dir}"
+    log(f"  bertkit explore{explore_dir}   # a page that shows how the model sees your sentences")
     for task, dataset in lang.finetune:
         log(f"  bertkit finetune --task {task} --model {model_dir} --dataset {dataset} "
             f"--out runs/{dataset}")
