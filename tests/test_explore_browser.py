@@ -236,10 +236,9 @@ def test_tabs_are_keyboard_usable_and_the_header_names_the_model(page, api):
     tab.send_keys(Keys.ARROW_RIGHT)  # arrows move along the tab list, as ARIA's tabs pattern says
     assert page.switch_to.active_element.get_attribute("data-testid") == "tab-assembly"
     assert view(page, "assembly").is_displayed() and not view(page, "visibility").is_displayed()
+    assert page.execute_script("return getComputedStyle(document.activeElement).outlineStyle") == "solid"  # focus shows
     page.switch_to.active_element.send_keys(Keys.ARROW_LEFT)
     assert view(page, "visibility").is_displayed()
-    for element in page.find_elements(By.CSS_SELECTOR, "input, textarea"):  # every input has a label
-        assert page.find_elements(By.CSS_SELECTOR, f'label[for="{element.get_attribute("id")}"]')
 
 
 def test_visibility_shows_both_masks_and_the_leak(page, api, shots):
@@ -434,6 +433,18 @@ def test_tasks_show_each_models_answer(page, dirs, explorer, shots):
     assert cells(cards["sentences"], "task-embed-cell") == pytest.approx(
         {(i, j): float(matrix[i, j]) for i in range(len(sentences)) for j in range(len(sentences))}, abs=1e-5)
     screenshot(page, shots, "6-tasks")
+
+
+def test_every_control_is_labelled_and_every_token_a_button(page):
+    # After the views above: every view is built by now.
+    ids = [e.get_attribute("id") for e in page.find_elements(By.CSS_SELECTOR, "input, textarea")]
+    assert len(ids) > 15 and len(set(ids)) == len(ids) and all(ids)
+    for i in ids:
+        assert page.find_elements(By.CSS_SELECTOR, f'label[for="{i}"]'), f"no label for #{i}"
+    pickable = page.find_elements(By.CSS_SELECTOR, ", ".join(f'[data-testid="{t}"]' for t in (
+        "visibility-bert-token", "visibility-gpt-token", "assembly-token", "attention-thumb", "attention-query")))
+    pickable += page.find_elements(By.CSS_SELECTOR, '[role="tab"]')
+    assert pickable and {e.tag_name for e in pickable} == {"button"}
 
 
 def test_a_model_without_mlm_head_says_so(driver, dirs, page):
