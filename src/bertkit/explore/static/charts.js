@@ -56,7 +56,10 @@ export function diverging(t) {
   return `hsl(${hue}, 80%, ${Math.round(97 - 55 * Math.abs(clamped))}%)`;
 }
 
-const labelWidth = (labels) => (labels ? Math.min(110, 14 + 7.5 * Math.max(1, ...labels.map((l) => [...l].length))) : 0);
+// Room for the longest label at 11px: about 7 px per Latin character, 11 per CJK one.
+const WIDE = /[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60]/u;
+const textWidth = (label) => [...label].reduce((w, ch) => w + (WIDE.test(ch) ? 11 : 7.5), 0);
+const labelWidth = (labels) => (labels ? Math.min(110, 14 + maxOf([7.5, ...labels.map(textWidth)])) : 0);
 
 /**
  * A matrix as an SVG heatmap: matrix[r][c] -> one <rect>, rows top to bottom, columns left to right.
