@@ -7,12 +7,14 @@ the Embeddings module, the attention weights equal to transformers' `output_atte
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import transformers
 
-from bertkit.config import BertConfig
 from bertkit.data.masking import mask_text
 from bertkit.explore import Explorer, ViewError, views
 from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
@@ -20,32 +22,24 @@ from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity
 from bertkit.model import BertForMaskedLM
 from bertkit.tokenizer import BertTokenizer
 
+sys.path.insert(0, str(Path(__file__).parent))
+from model_fixtures import save_tiny  # noqa: E402
+
 TEXT = "the central bank raised interest rates by a quarter of a point."
 MASKED = "the central bank raised [MASK] rates."
-
-
-def _tiny(model_class, tokenizer, out, seed=0, **config):
-    torch.manual_seed(seed)
-    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=36, num_hidden_layers=3,
-                    num_attention_heads=4, intermediate_size=53, max_position_embeddings=64,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    settings.update(config)
-    model_class(BertConfig.from_dict(settings)).eval().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
 def dirs(minilm_dir, tmp_path_factory):
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     root = tmp_path_factory.mktemp("explore")
-    return {"mlm": _tiny(BertForMaskedLM, tokenizer, root / "mlm"),
-            "clf": _tiny(BertForSequenceClassification, tokenizer, root / "clf", seed=1,
+    return {"mlm": save_tiny(BertForMaskedLM, tokenizer, root / "mlm", num_hidden_layers=3),
+            "clf": save_tiny(BertForSequenceClassification, tokenizer, root / "clf", seed=1,
                          id2label={0: "neg", 1: "neu", 2: "pos"}),
-            "ner": _tiny(BertForTokenClassification, tokenizer, root / "ner", seed=2,
+            "ner": save_tiny(BertForTokenClassification, tokenizer, root / "ner", seed=2,
                          id2label={0: "O", 1: "B-PER", 2: "I-PER"}),
-            "qa": _tiny(BertForQuestionAnswering, tokenizer, root / "qa", seed=3),
-            "rr": _tiny(BertForSequenceClassification, tokenizer, root / "rr", seed=4, num_labels=1),
+            "qa": save_tiny(BertForQuestionAnswering, tokenizer, root / "qa", seed=3),
+            "rr": save_tiny(BertForSequenceClassification, tokenizer, root / "rr", seed=4, num_labels=1),
             "minilm": minilm_dir}
 
 

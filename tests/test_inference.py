@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
-from bertkit.config import BertConfig
 from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertkit.inference import Engine, classify, embed, fill_mask, ner, qa, rerank, token_budget_batches
 from bertkit.model import BertForMaskedLM, BertModel
 from bertkit.tokenizer import BertTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_fixtures import save_tiny  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage tonight.",
              "Stocks fell.", "The central bank raised interest rates by a quarter of a point.",
@@ -27,19 +31,6 @@ SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir) -> BertTokenizer:
     return BertTokenizer.from_pretrained(minilm_dir)
-
-
-def _tiny(model_class, tokenizer, out, seed=0, **config):
-    """A small random model of `model_class` with the MiniLM vocabulary, saved HF-format in `out`."""
-    torch.manual_seed(seed)
-    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=36, num_hidden_layers=2,
-                    num_attention_heads=4, intermediate_size=53, max_position_embeddings=64,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    settings.update(config)
-    model = model_class(BertConfig(**settings)).eval()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +139,7 @@ def test_int8_linear_matches_float_linear_closely():
 # fill-mask
 # ---------------------------------------------------------------------------------------------
 def test_fill_mask_matches_reference_probabilities(tokenizer, tmp_path):
-    _tiny(BertForMaskedLM, tokenizer, tmp_path)
+    save_tiny(BertForMaskedLM, tokenizer, tmp_path)
     texts = ["paris is the [MASK] of france.", "the [MASK] sat on the [MASK] all day long."]
     results = fill_mask(tmp_path, texts, top_k=3)
     assert [len(r) for r in results] == [1, 2]
@@ -166,7 +157,7 @@ def test_fill_mask_matches_reference_probabilities(tokenizer, tmp_path):
 
 
 def test_fill_mask_targets_score_only_the_given_words(tokenizer, tmp_path):
-    _tiny(BertForMaskedLM, tokenizer, tmp_path)
+    save_tiny(BertForMaskedLM, tokenizer, tmp_path)
     text = "paris is the [MASK] of france."
     full = fill_mask(tmp_path, [text], top_k=tokenizer.vocab_size)[0][0]
     by_token = {c.token: c.prob for c in full}
@@ -181,7 +172,7 @@ def test_fill_mask_targets_score_only_the_given_words(tokenizer, tmp_path):
 def test_fill_mask_errors(minilm_dir, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="no weights for fill-mask"):
         fill_mask(minilm_dir, ["a [MASK] b"])
-    _tiny(BertForMaskedLM, tokenizer, tmp_path)
+    save_tiny(BertForMaskedLM, tokenizer, tmp_path)
     with pytest.raises(ValueError, match="has no \\[MASK\\] token"):
         fill_mask(tmp_path, ["no mask here"])
     with pytest.raises(ValueError, match="past the model's limit of 64 tokens"):
@@ -194,7 +185,7 @@ def test_fill_mask_errors(minilm_dir, tokenizer, tmp_path):
 # classify and rerank
 # ---------------------------------------------------------------------------------------------
 def test_classify_matches_transformers_on_texts_and_pairs(tokenizer, tmp_path):
-    _tiny(BertForSequenceClassification, tokenizer, tmp_path,
+    save_tiny(BertForSequenceClassification, tokenizer, tmp_path,
           id2label={0: "neg", 1: "neu", 2: "pos"})
     ref = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
     hf_tok = transformers.BertTokenizerFast.from_pretrained(tmp_path)
@@ -210,7 +201,7 @@ def test_classify_matches_transformers_on_texts_and_pairs(tokenizer, tmp_path):
 
 
 def test_multi_label_heads_use_sigmoid(tokenizer, tmp_path):
-    _tiny(BertForSequenceClassification, tokenizer, tmp_path, id2label={0: "a", 1: "b"},
+    save_tiny(BertForSequenceClassification, tokenizer, tmp_path, id2label={0: "a", 1: "b"},
           problem_type="multi_label_classification")
     ref = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
     batch = transformers.BertTokenizerFast.from_pretrained(tmp_path)(SENTENCES[:2], padding=True,
@@ -222,7 +213,7 @@ def test_multi_label_heads_use_sigmoid(tokenizer, tmp_path):
 
 
 def test_rerank_sorts_documents_by_cross_encoder_sigmoid(tokenizer, tmp_path):
-    _tiny(BertForSequenceClassification, tokenizer, tmp_path, id2label={0: "LABEL_0"})
+    save_tiny(BertForSequenceClassification, tokenizer, tmp_path, id2label={0: "LABEL_0"})
     ref = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
     hf_tok = transformers.BertTokenizerFast.from_pretrained(tmp_path)
     query = "who plays music?"
@@ -238,7 +229,7 @@ def test_rerank_sorts_documents_by_cross_encoder_sigmoid(tokenizer, tmp_path):
 
 
 def test_rerank_refuses_a_classifier_with_several_labels(tokenizer, tmp_path):
-    _tiny(BertForSequenceClassification, tokenizer, tmp_path, id2label={0: "neg", 1: "pos"})
+    save_tiny(BertForSequenceClassification, tokenizer, tmp_path, id2label={0: "neg", 1: "pos"})
     with pytest.raises(ValueError, match="rerank needs a cross-encoder with one output.*2 labels"):
         rerank(tmp_path, "q", ["d"])
 
@@ -253,7 +244,7 @@ def test_ner_logits_match_transformers_and_entities_are_valid_spans(tokenizer, t
     from bertkit.inference.ner import token_logits, word_pieces
     from bertkit.data.tasks.ner import NerSentence, ner_features, split_words
 
-    _tiny(BertForTokenClassification, tokenizer, tmp_path, id2label=NER_LABELS)
+    save_tiny(BertForTokenClassification, tokenizer, tmp_path, id2label=NER_LABELS)
     engine = Engine.load(tmp_path, task="ner")
     ref = transformers.BertForTokenClassification.from_pretrained(tmp_path).eval()
     splits = split_words(word_pieces(engine), SENTENCES)
@@ -287,7 +278,7 @@ def test_constrained_decoding_never_starts_an_entity_with_inside():
 
 
 def test_ner_on_text_longer_than_the_model_uses_windows(tokenizer, tmp_path):
-    _tiny(BertForTokenClassification, tokenizer, tmp_path, id2label=NER_LABELS)
+    save_tiny(BertForTokenClassification, tokenizer, tmp_path, id2label=NER_LABELS)
     text = " ".join(["Alice went to Paris."] * 40)  # ~200 pieces, 64 positions
     (entities,) = ner(tmp_path, [text])
     for e in entities:
@@ -301,7 +292,7 @@ def test_qa_answers_are_whole_words_with_scores_and_offsets(tokenizer, tmp_path)
     from bertkit.data.tasks.qa import QAExample, QASettings, qa_features
     from bertkit.inference.ner import token_logits, word_pieces
 
-    _tiny(BertForQuestionAnswering, tokenizer, tmp_path)
+    save_tiny(BertForQuestionAnswering, tokenizer, tmp_path)
     context = ("bertkit was released in 2026 and runs on CPUs and GPUs. " * 6).strip()
     questions = ["When was bertkit released?", "What does it run on?"]
     engine = Engine.load(tmp_path, task="qa")
@@ -353,15 +344,15 @@ def test_cli_embed_a_file_with_bad_rows_into_npy(minilm_dir, tmp_path, capsys):
 def test_cli_uses_print_results(tokenizer, tmp_path, capsys):
     from bertkit.cli import main
 
-    mlm = _tiny(BertForMaskedLM, tokenizer, tmp_path / "mlm")
+    mlm = save_tiny(BertForMaskedLM, tokenizer, tmp_path / "mlm")
     assert main(["fill-mask", str(mlm), "paris is the [MASK] of france.", "--top-k", "2", "--json"]) == 0
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(row["masks"][0]) == 2
-    ce = _tiny(BertForSequenceClassification, tokenizer, tmp_path / "ce", id2label={0: "LABEL_0"})
+    ce = save_tiny(BertForSequenceClassification, tokenizer, tmp_path / "ce", id2label={0: "LABEL_0"})
     assert main(["rerank", str(ce), "a guitar", "stocks", "--query", "music", "--json"]) == 0
     ranked = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(r["index"] for r in ranked) == [0, 1]
-    qa_dir = _tiny(BertForQuestionAnswering, tokenizer, tmp_path / "qa")
+    qa_dir = save_tiny(BertForQuestionAnswering, tokenizer, tmp_path / "qa")
     assert main(["qa", str(qa_dir), "--question", "when?", "--context", "released in 2026.", "--json"]) == 0
     (answer,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert answer["answers"][0]["text"] in "released in 2026."
@@ -370,7 +361,7 @@ def test_cli_uses_print_results(tokenizer, tmp_path, capsys):
 
 
 def test_encoder_from_a_head_model_embeds_like_the_base_model(tokenizer, tmp_path):
-    _tiny(BertModel, tokenizer, tmp_path)
+    save_tiny(BertModel, tokenizer, tmp_path)
     base = embed(tmp_path, SENTENCES, pooling="cls", normalize=False)
     ref = transformers.BertModel.from_pretrained(tmp_path).eval()
     batch = transformers.BertTokenizerFast.from_pretrained(tmp_path)(SENTENCES, padding=True, return_tensors="pt")

@@ -29,12 +29,15 @@ import torch
 import uvicorn
 
 from bertkit import cli
-from bertkit.config import BertConfig
 from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertkit.inference import classify, embed, fill_mask, ner, qa, rerank
 from bertkit.model import BertForMaskedLM
 from bertkit.serve import Limits, Service, build_app, load_model
 from bertkit.tokenizer import BertTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_fixtures import save_tiny  # noqa: E402
+from web_fixtures import running_app  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage tonight.",
              "Stocks fell.", "The central bank raised interest rates by a quarter of a point.",
@@ -42,29 +45,17 @@ SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage
 WAIT = 20.0  # seconds: the bound on every wait in this file
 
 
-def _tiny(model_class, tokenizer, out: Path, seed: int = 0, **config) -> Path:
-    """A small random model with the MiniLM vocabulary, saved HF-format (as test_inference's)."""
-    torch.manual_seed(seed)
-    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=36, num_hidden_layers=2,
-                    num_attention_heads=4, intermediate_size=53, max_position_embeddings=64,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    settings.update(config)
-    model_class(BertConfig(**settings)).eval().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def model_dirs(minilm_dir, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("serve")
     tok = BertTokenizer.from_pretrained(minilm_dir)
     return {"minilm": Path(minilm_dir),
-            "mlm": _tiny(BertForMaskedLM, tok, root / "mlm"),
-            "clf": _tiny(BertForSequenceClassification, tok, root / "clf", id2label={0: "neg", 1: "neu", 2: "pos"}),
-            "cross": _tiny(BertForSequenceClassification, tok, root / "cross", id2label={0: "LABEL_0"}),
-            "ner": _tiny(BertForTokenClassification, tok, root / "ner",
+            "mlm": save_tiny(BertForMaskedLM, tok, root / "mlm"),
+            "clf": save_tiny(BertForSequenceClassification, tok, root / "clf", id2label={0: "neg", 1: "neu", 2: "pos"}),
+            "cross": save_tiny(BertForSequenceClassification, tok, root / "cross", id2label={0: "LABEL_0"}),
+            "ner": save_tiny(BertForTokenClassification, tok, root / "ner",
                          id2label={0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}),
-            "qa": _tiny(BertForQuestionAnswering, tok, root / "qa")}
+            "qa": save_tiny(BertForQuestionAnswering, tok, root / "qa")}
 
 
 @pytest.fixture(scope="module")
@@ -75,24 +66,8 @@ def models(model_dirs):
 @contextlib.contextmanager
 def running(service: Service):
     """uvicorn serving `service` on 127.0.0.1:<ephemeral> in a thread; yields an httpx client."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see serve.app.listen
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(service), log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.01)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=WAIT) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        sock.close()
-        assert not thread.is_alive(), "the server did not stop"
+    with running_app(build_app(service), WAIT) as url, httpx.Client(base_url=url, timeout=WAIT) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
