@@ -37,17 +37,25 @@ function marked(text, spans, { testid, label }) {
   return el("p", { class: "quote marked" }, nodes);
 }
 
+// A classifier's bars, best first; a regression head (label null) answers one value instead.
+function classified(r) {
+  if (r.label === null && "value" in r) {
+    return el("p", {}, "Predicted value: ",
+      el("b", { class: "num", "data-testid": "task-value", "data-value": String(r.value) }, fmtNum(r.value, 4)));
+  }
+  const ranked = Object.entries(r.scores).sort((a, b) => b[1] - a[1]);
+  return el("div", { class: "bars" },
+    el("p", {}, "Predicted: ", el("b", { "data-testid": "task-label" }, r.label)),
+    ranked.map(([label, p]) => barRow(label, p, { valueTestid: "task-classify-prob",
+      attrs: { "data-testid": "task-classify-row", "data-label": label, "data-prob": String(p) } })));
+}
+
 const lines = (value) => value.split("\n").map((l) => l.trim()).filter(Boolean);
 
 const USES = {
   classify: (ex) => ({ inputs: [field("Text", { value: ex.classify }), field("Second text (optional)", { value: "" })],
     payload: ([t, p]) => ({ text: t, pair: p.trim() === "" ? null : p }),
-    draw: (r) => (r.label === null && "value" in r
-      ? el("p", {}, "Predicted value: ", el("b", { class: "num", "data-testid": "task-value", "data-value": String(r.value) }, fmtNum(r.value, 4)))
-      : el("div", { class: "bars" },
-      el("p", {}, "Predicted: ", el("b", { "data-testid": "task-label" }, r.label)),
-      Object.entries(r.scores).sort((a, b) => b[1] - a[1]).map(([label, p]) => barRow(label, p, {
-        valueTestid: "task-classify-prob", attrs: { "data-testid": "task-classify-row", "data-label": label, "data-prob": String(p) } })))) }),
+    draw: classified }),
   ner: (ex) => ({ inputs: [field("Text", { value: ex.ner, multiline: true })],
     payload: ([t]) => ({ text: t }),
     draw: (r) => el("div", {}, r.entities.length ? marked(r.text, r.entities, { testid: "task-ner-entity", label: (s) => s.type })
