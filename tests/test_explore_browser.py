@@ -409,6 +409,8 @@ def test_tasks_show_each_models_answer(page, dirs, explorer, shots):
     rows = all_of(cards["sentiment"], "task-classify-row")
     assert {r.get_attribute("data-label"): r.find_element(By.CSS_SELECTOR, '[data-testid="task-classify-prob"]').text
             for r in rows} == {label: prob(p) for label, p in expected["scores"].items()}
+    assert {r.get_attribute("data-label"): float(r.get_attribute("data-prob")) for r in rows} == \
+        pytest.approx(expected["scores"], abs=1e-6)
     assert cards["sentiment"].find_element(By.CSS_SELECTOR, '[data-testid="task-label"]').text == expected["label"]
 
     (entities,) = ner(dirs["ner"], inputs["people"])
