@@ -110,6 +110,17 @@ def _file_job(args: argparse.Namespace, use: str, engine, pair_field: str | None
     print(json.dumps(summary, ensure_ascii=False, default=str))
 
 
+def _use_engine(args: argparse.Namespace, use: str, **file_options):
+    """The engine for `use` over texts on the command line; None once `--input FILE` has been run
+    through it into `--out` (file_options: the use's options for the file job)."""
+    _inputs(args)
+    engine = _engine(args, use)
+    if not args.input:
+        return engine
+    _file_job(args, use, engine, **file_options)
+    return None
+
+
 def _print_json(rows) -> None:
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
@@ -129,10 +140,9 @@ def _run_embed(args: argparse.Namespace) -> None:
     from bertkit.inference import embed
     from bertkit.inference.embed import resolve_pooling
 
-    _inputs(args)
-    engine = _engine(args, "embed")
-    if args.input:
-        return _file_job(args, "embed", engine, pooling=args.pooling, normalize=args.normalize)
+    engine = _use_engine(args, "embed", pooling=args.pooling, normalize=args.normalize)
+    if engine is None:
+        return
     vectors = embed(engine, args.texts, pooling=args.pooling, normalize=args.normalize)
     if args.json:
         return _print_json({"text": t, "embedding": v} for t, v in zip(args.texts, vectors.tolist()))
@@ -157,10 +167,9 @@ def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
 def _run_fill_mask(args: argparse.Namespace) -> None:
     from bertkit.inference import fill_mask
 
-    _inputs(args)
-    engine = _engine(args, "fill-mask")
-    if args.input:
-        return _file_job(args, "fill-mask", engine, top_k=args.top_k, targets=args.targets)
+    engine = _use_engine(args, "fill-mask", top_k=args.top_k, targets=args.targets)
+    if engine is None:
+        return
     results = fill_mask(engine, args.texts, top_k=args.top_k, targets=args.targets)
     if args.json:
         from dataclasses import asdict
@@ -187,10 +196,9 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 def _run_classify(args: argparse.Namespace) -> None:
     from bertkit.inference import classify
 
-    _inputs(args)
-    engine = _engine(args, "classify")
-    if args.input:
-        return _file_job(args, "classify", engine, pair_field=args.pair_field, function=args.function)
+    engine = _use_engine(args, "classify", pair_field=args.pair_field, function=args.function)
+    if engine is None:
+        return
     rows = classify(engine, args.texts, args.pair, function=args.function)
     if args.json:
         return _print_json({"text": t, **r} for t, r in zip(args.texts, rows))
@@ -210,10 +218,9 @@ def _add_ner(sub: argparse._SubParsersAction) -> None:
 def _run_ner(args: argparse.Namespace) -> None:
     from bertkit.inference import ner
 
-    _inputs(args)
-    engine = _engine(args, "ner")
-    if args.input:
-        return _file_job(args, "ner", engine)
+    engine = _use_engine(args, "ner")
+    if engine is None:
+        return
     results = ner(engine, args.texts)
     if args.json:
         return _print_json({"text": t, "entities": e} for t, e in zip(args.texts, results))
@@ -242,14 +249,13 @@ def _run_qa(args: argparse.Namespace) -> None:
     from bertkit.inference import qa
 
     args.texts = args.question
-    _inputs(args)
     options = dict(top_k=args.top_k, max_answer_length=args.max_answer_length,
                    allow_no_answer=args.allow_no_answer)
-    if not args.input and not args.context:
+    if not args.input and args.question and not args.context:
         raise ValueError("qa needs --context TEXT_OR_FILE with --question, or --input FILE --out FILE")
-    engine = _engine(args, "qa")
-    if args.input:
-        return _file_job(args, "qa", engine, pair_field=args.pair_field, **options)
+    engine = _use_engine(args, "qa", pair_field=args.pair_field, **options)
+    if engine is None:
+        return
     context = args.context
     if Path(context).is_file():
         from bertkit.data.report import read_text
@@ -276,10 +282,9 @@ def _add_rerank(sub: argparse._SubParsersAction) -> None:
 def _run_rerank(args: argparse.Namespace) -> None:
     from bertkit.inference import rerank
 
-    _inputs(args)
-    engine = _engine(args, "rerank")
-    if args.input:
-        return _file_job(args, "rerank", engine, query=args.query, raw_scores=args.raw_scores)
+    engine = _use_engine(args, "rerank", query=args.query, raw_scores=args.raw_scores)
+    if engine is None:
+        return
     ranked = rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores)
     if args.json:
         return _print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
@@ -334,6 +339,8 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
     p.add_argument("index", help="index directory made by `bertkit index`")
     p.add_argument("queries", nargs="+", help="query texts")
     p.add_argument("--rerank", default=None, help="cross-encoder dir to rerank the candidates")
+    p.add_argument("--rerank-max-length", type=int, default=None,
+                   help="pieces per query + document pair (default: the length it was trained at)")
     p.add_argument("--top-k", type=int, default=10, help="results per query (10)")
     p.add_argument("--candidates", type=int, default=100, help="first-stage results to rerank (100)")
     p.add_argument("--model", default=None, help="query model (default: the index's; must be the same)")
@@ -347,6 +354,7 @@ def _run_search(args: argparse.Namespace) -> None:
     from bertkit.retrieval import Searcher
 
     searcher = Searcher.open(args.index, model=args.model, rerank=args.rerank,
+                             rerank_max_length=args.rerank_max_length,
                              precision=args.precision, device=args.device)
     results = searcher.search(args.queries, top_k=args.top_k, candidates=args.candidates)
     if args.json:
@@ -649,6 +657,9 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mine", choices=["bm25", "biencoder", "none"],
                    help="rerank: where negatives beyond a row's own come from (bm25)")
     p.add_argument("--mine-model", help="rerank: bi-encoder dir for --mine biencoder")
+    p.add_argument("--loss", choices=["listwise", "bce"],
+                   help="rerank: listwise (softmax over a query's positive and negatives; "
+                   "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise)")
     p.add_argument("--model", required=True, help="model directory, or preset (tiny … large) for random init")
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--train", help="training file (CSV/TSV/JSONL; CoNLL/JSONL for ner; SQuAD JSON "
