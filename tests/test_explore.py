@@ -130,8 +130,11 @@ def test_masking_view_is_the_training_recipe_and_the_models_loss(explorer, whole
 
 
 def test_masking_whole_words_for_chinese_uses_jieba(explorer):
-    out = views.masking(explorer, "我喜欢机器学习，也喜欢自然语言处理。", seed=0, whole_word=True)
-    assert out["words"] is not None and "".join(out["words"]) == "我喜欢机器学习，也喜欢自然语言处理。"
+    text = "我喜欢机器学习，也喜欢自然语言处理。"
+    out = views.masking(explorer, text, seed=0, whole_word=True)
+    assert out["words"] is not None and "".join(out["words"]) == text
+    assert views.masking(explorer, text, seed=0)["words"] == out["words"]  # shown with the toggle off too
+    assert views.masking(explorer, TEXT)["words"] is None  # English: WordPiece's own boundaries
 
 
 def test_fill_view_equals_fill_mask(explorer):

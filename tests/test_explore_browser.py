@@ -12,17 +12,13 @@ goes to the test's tmp dir, and to $BERTKIT_SCREENSHOTS when set (for the README
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import shutil
-import socket
-import threading
-import time
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 try:
     from selenium import webdriver
@@ -40,9 +36,6 @@ if not CHROMIUM or not CHROMEDRIVER:
     pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; "
                 ".ci/run installs them)", allow_module_level=True)
 
-import uvicorn  # noqa: E402  (after the skips: a machine without a browser needs nothing below)
-
-from bertkit.config import BertConfig  # noqa: E402
 from bertkit.explore import Explorer, build_app  # noqa: E402
 from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,  # noqa: E402
                            BertForTokenClassification)
@@ -50,54 +43,25 @@ from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity  
 from bertkit.model import BertForMaskedLM  # noqa: E402
 from bertkit.tokenizer import BertTokenizer  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from model_fixtures import save_tiny  # noqa: E402
+from web_fixtures import running_app  # noqa: E402
+
 WAIT = 20  # seconds: the slowest step (the first request loads nothing, but CI machines are slow)
-
-
-def _tiny(model_class, tokenizer, out, seed=0, **config):
-    """A small random model of `model_class` with the MiniLM vocabulary, saved HF-format in `out`."""
-    torch.manual_seed(seed)
-    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=36, num_hidden_layers=2,
-                    num_attention_heads=4, intermediate_size=53, max_position_embeddings=64,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    settings.update(config)
-    model_class(BertConfig(**settings)).eval().save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
 def dirs(minilm_dir, tmp_path_factory):
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     root = tmp_path_factory.mktemp("explore-browser")
-    return {"mlm": _tiny(BertForMaskedLM, tokenizer, root / "mlm"),
-            "clf": _tiny(BertForSequenceClassification, tokenizer, root / "clf", seed=1,
+    return {"mlm": save_tiny(BertForMaskedLM, tokenizer, root / "mlm"),
+            "clf": save_tiny(BertForSequenceClassification, tokenizer, root / "clf", seed=1,
                          id2label={0: "neg", 1: "neu", 2: "pos"}),
-            "ner": _tiny(BertForTokenClassification, tokenizer, root / "ner", seed=2,
+            "ner": save_tiny(BertForTokenClassification, tokenizer, root / "ner", seed=2,
                          id2label={0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}),
-            "qa": _tiny(BertForQuestionAnswering, tokenizer, root / "qa", seed=3),
-            "rr": _tiny(BertForSequenceClassification, tokenizer, root / "rr", seed=4, id2label={0: "LABEL_0"}),
+            "qa": save_tiny(BertForQuestionAnswering, tokenizer, root / "qa", seed=3),
+            "rr": save_tiny(BertForSequenceClassification, tokenizer, root / "rr", seed=4, id2label={0: "LABEL_0"}),
             "minilm": Path(minilm_dir)}
-
-
-@contextlib.contextmanager
-def serving(explorer: Explorer):
-    """The explorer's app under uvicorn on 127.0.0.1:<free port> in a thread; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(explorer), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the explorer's server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +73,7 @@ def explorer(dirs) -> Explorer:
 
 @pytest.fixture(scope="module")
 def base_url(explorer):
-    with serving(explorer) as url:
+    with running_app(build_app(explorer), WAIT) as url:
         yield url
 
 
@@ -451,7 +415,7 @@ def test_every_control_is_labelled_and_every_token_a_button(page):
 
 def test_a_model_without_mlm_head_says_so(driver, dirs, page):
     # page: runs first, so its console check covers the main page; this one opens another server.
-    with serving(Explorer.load(dirs["minilm"])) as url:
+    with running_app(build_app(Explorer.load(dirs["minilm"])), WAIT) as url:
         driver.get(url + "/#fillmask")
         WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
         root = view(driver, "fillmask")

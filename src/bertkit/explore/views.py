@@ -314,7 +314,7 @@ def masking(explorer: Explorer, text: str, seed: int = 0, whole_word: bool = Fal
     return {"tokens": list(enc.tokens), "special": result.special.tolist(),
             "word_starts": (result.word_starts.tolist() if result.word_starts is not None
                             else [not s for s in result.special.tolist()]),
-            "words": result.words,
+            "words": result.words if result.words is not None or not has_cjk(text) else _jieba_words(text),
             "kinds": ["" if k == NOT_SELECTED else KIND_NAMES[int(k)] for k in kinds.tolist()],
             "input_tokens": shown, "labels": labels.tolist(), "counts": counts,
             "predictions": predictions, "loss": loss}
@@ -459,6 +459,12 @@ def _mlm_probs(explorer: Explorer, ids: list[int], type_ids: list[int], position
         hidden = explorer.encoder(torch.tensor([ids]), torch.tensor([type_ids])).last_hidden_state[0]  # (T, H)
         logits = explorer.model.mlm(hidden[positions], explorer.encoder.embeddings.word_embeddings.weight)  # (M, V)
     return logits.float().softmax(-1)
+
+
+def _jieba_words(text: str) -> list[str]:
+    """jieba's words of a Chinese text (shown even when whole-word masking is off)."""
+    bounds = jieba_word_starts([text])[0] + [len(text)]
+    return [text[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _need_mlm(explorer: Explorer, what: str) -> None:

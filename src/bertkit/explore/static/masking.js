@@ -6,7 +6,6 @@
 import { run } from "./api.js";
 import { el, field, fmtNum, fmtProb } from "./charts.js";
 
-const HAN = /\p{Script=Han}/u;
 const KIND_CLASS = { "[MASK]": "k-mask", random: "k-random", unchanged: "k-unchanged", "": "" };
 
 export function mount(root, info) {
@@ -61,13 +60,13 @@ function predictionRow(p, hasMlm) {
 function render(out, data, info) {
   const c = data.counts;
   const picked = (i) => data.kinds[i] !== "";
+  const grouped = data.word_starts.some((start, i) => !start && !data.special[i]);
   const steps = el("ol", { class: "steps" },
     step(1, "Pick 15% of the candidates",
       el("p", { class: "caption" }, `${c.candidates} candidate tokens ([CLS]/[SEP] never are); `,
         el("b", { "data-testid": "masking-count-selected" }, String(c.selected)), " picked.",
-        data.words ? " jieba's words are shown below the tokens; pieces of one word touch." : "",
-        // The server segments Chinese with jieba only for whole-word masking; say where the words are.
-        !data.words && data.tokens.some((t) => HAN.test(t)) ? " Turn on whole-word masking to see jieba's words." : ""),
+        // Chinese text comes with jieba's words; under whole-word masking a word's pieces touch.
+        data.words ? ` jieba's words are shown below the tokens${grouped ? "; pieces of one word touch" : ""}.` : ""),
       tokenRow(data.tokens, {
         testid: "masking-token",
         cls: (i) => [picked(i) ? "selected" : "", data.special[i] ? "special" : "",
