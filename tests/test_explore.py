@@ -253,3 +253,33 @@ def test_cli_prints_the_url_and_serves_the_page(dirs):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert", "distilbert"])
+def test_every_family_explores_with_transformers_attention(family, tmp_path):
+    """The views over RoBERTa (position offset), ALBERT (E → H, shared layers) and DistilBERT (no
+    segments): attention equal to transformers' `output_attentions`, the embedding step equal to
+    the Embeddings module, fill-mask through the library."""
+    from family_fixtures import PREFIX, make_checkpoint
+
+    directory = make_checkpoint(family, tmp_path / family)
+    explorer = Explorer.load(directory)
+    assert explorer.has_mlm
+    text = "Paris is the capital of France."
+    enc = explorer.encode(text)
+    ref = getattr(transformers, PREFIX[family] + "ForMaskedLM").from_pretrained(
+        directory, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        theirs = ref(input_ids=torch.tensor([enc.ids]), output_attentions=True).attentions
+    out = views.attention(explorer, text, pad=3)
+    assert len(out["attention"]) == len(theirs)
+    for mine, their in zip(out["attention"], theirs):
+        assert np.allclose(mine, their[0].numpy(), atol=1e-5)
+    position = 2
+    vec = views.assembly(explorer, text, position=position)
+    with torch.inference_mode():
+        layer_in = explorer.encoder.embeddings(torch.tensor([enc.ids]), torch.tensor([enc.type_ids]))
+    assert np.allclose(vec["vectors"]["layernorm"], layer_in[0, position].numpy(), atol=1e-6)
+    assert (vec["vectors"]["segment"] is None) == (family == "distilbert")
+    mask = explorer.tokenizer.special_tokens["mask_token"]
+    assert views.fill(explorer, [f"Paris is the {mask} of France."])["results"][0][0]
