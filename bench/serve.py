@@ -140,7 +140,8 @@ class Server:
                 self.proc.wait(10)
 
 
-def servers(model: Path, threads: int, wanted: list[str]) -> tuple[list[Server], list[str]]:
+def servers(model: Path, threads: int, wanted: list[str], infinity_python: str | None = None
+            ) -> tuple[list[Server], list[str]]:
     python = sys.executable
     found, notes = [], []
     table = {
@@ -153,12 +154,14 @@ def servers(model: Path, threads: int, wanted: list[str]) -> tuple[list[Server],
     }
     for name in wanted:
         if name == "infinity":
-            try:
-                import infinity_emb  # noqa: F401
-            except ImportError:
-                notes.append("infinity-emb is not installed: skipped (pip install 'infinity-emb[server,torch]')")
+            # Its own venv when given (its pins need not agree with ours), else this interpreter's.
+            peer_python = infinity_python or python
+            probe = subprocess.run([peer_python, "-c", "import infinity_emb"], capture_output=True)
+            if probe.returncode != 0:
+                notes.append(f"infinity-emb is not importable by {peer_python}: skipped (pip install "
+                             "'infinity-emb[server,torch]' there, or pass --infinity-python VENV/bin/python)")
                 continue
-            found.append(Server("infinity", [python, "-m", "infinity_emb.cli", "v2", "--model-id", str(model),
+            found.append(Server("infinity", [peer_python, "-m", "infinity_emb.cli", "v2", "--model-id", str(model),
                                              "--port", "{PORT}", "--engine", "torch", "--device", "cpu"],
                                 "/embeddings", "input", env={"OMP_NUM_THREADS": str(threads)}))
         else:
@@ -245,6 +248,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=40.0, help="seconds per level at most (40)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of every server (2)")
     p.add_argument("--peers", default="st-async,st-sync,infinity")
+    p.add_argument("--infinity-python", default=None, metavar="PYTHON",
+                   help="the interpreter of a venv with infinity-emb (e.g. .venv-bench-infinity/bin/python)")
     p.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                    help="bertkit alone at 64 clients for MINUTES: errors and resident memory")
     p.add_argument("--peer-server", choices=["st-async", "st-sync"], help=argparse.SUPPRESS)
@@ -266,7 +271,8 @@ def main() -> None:
           f"at the start; ≤ {args.requests} requests per client, ≤ {args.seconds:.0f} s per level")
     if args.soak:
         return soak(model, texts, lengths, args)
-    chosen, notes = servers(model, args.threads, ["bertkit", *[x for x in args.peers.split(",") if x]])
+    chosen, notes = servers(model, args.threads, ["bertkit", *[x for x in args.peers.split(",") if x]],
+                            args.infinity_python)
     for note in notes:
         print(note)
     print(f"{'server':18} {'clients':>7} {'req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  errors")
