@@ -164,7 +164,7 @@ def test_attention_trace_equals_the_model_and_transformers(minilm_dir):
         assert torch.allclose(mine, theirs, atol=1e-5)
 
 
-def test_attention_view_and_the_padding_mask(explorer):
+def test_attention_view_and_the_padding_mask(explorer, monkeypatch):
     out = views.attention(explorer, TEXT, pad=5, layer=1, head=2)
     n = len(out["tokens"])
     attn = np.array(out["attention"])
@@ -178,6 +178,9 @@ def test_attention_view_and_the_padding_mask(explorer):
     assert np.allclose(without.sum(-1), 1, atol=1e-5)
     with pytest.raises(ViewError, match="layer"):
         views.attention(explorer, TEXT, layer=3)
+    monkeypatch.setattr(views, "MAX_ATTENTION_TOKENS", n - 1)  # the tiny model holds 64 tokens
+    with pytest.raises(ViewError, match=f"has {n} tokens; the attention view draws at most {n - 1}"):
+        views.attention(explorer, TEXT)
 
 
 def test_task_views_equal_the_library(explorer):

@@ -32,6 +32,9 @@ from bertkit.tokenizer import BertTokenizer
 
 TOP_K = 5  # guesses shown per masked position
 MAX_PAD = 64  # padding tokens the attention view may add
+# Tokens the attention view draws: every layer × head × T × T weight goes to the page, so 512 tokens
+# of a 12 × 12 model would be 38M numbers; 128 keeps the heaviest answer (MiniLM) near 1M.
+MAX_ATTENTION_TOKENS = 128
 # A vocabulary with at least this share of CJK entries is a Chinese model (bert-base-chinese:
 # ~0.6 of 21,128; the demo's: ~0.7 of 8,000; bert-base-uncased: ~0.11 of 30,522).
 CJK_VOCAB_SHARE = 0.3
@@ -395,6 +398,9 @@ def attention(explorer: Explorer, text: str, pair: str | None = None, pad: int =
     if not isinstance(pad, int) or not 0 <= pad <= MAX_PAD:
         raise ViewError(f"`pad` must be in 0..{MAX_PAD}, got {pad!r}")
     n = len(enc.ids)
+    if n > MAX_ATTENTION_TOKENS:
+        raise ViewError(f"the text has {n} tokens; the attention view draws at most "
+                        f"{MAX_ATTENTION_TOKENS} (every layer and head, token to token): shorten it")
     pad = min(pad, max(0, int(explorer.engine.max_length) - n))
     ids = torch.tensor([list(enc.ids) + [config.pad_token_id] * pad])  # (1, T + P)
     types = torch.tensor([list(enc.type_ids) + [0] * pad])  # (1, T + P)
