@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, as one script for a lent device machine (under 8 minutes):
-# the CUDA tests (varlen flash attention in the engine) and bench/infer.py on the GPU.
+# the CUDA tests (varlen flash attention in the engine) and bench/gpu_embed.py on the GPU.
 #   bash bench/gpu.sh            # from the repository root, on the GPU machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,5 +11,5 @@ python3 -m venv .venv-gpu
 .venv-gpu/bin/python -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
 .venv-gpu/bin/python -m pytest tests/test_inference.py tests/test_model.py -q -k "cuda or packed" -rs
 mkdir -p "${OUT:-/tmp}/bench"
-timeout 420 .venv-gpu/bin/python bench/infer.py --device cuda --sentences 10000 \
-    --json "${OUT:-/tmp}/bench/infer-cuda.json" || echo "bench/infer.py on cuda did not finish"
+timeout 420 .venv-gpu/bin/python bench/gpu_embed.py --device cuda --sentences 10000 \
+    | tee "${OUT:-/tmp}/bench/gpu_embed.txt" || echo "bench/gpu_embed.py on cuda did not finish"
