@@ -155,6 +155,26 @@ def test_rerank_orders_candidates_by_the_cross_encoder(tmp_path, models):
     assert all(h.first_stage_score is not None for h in hits)
 
 
+def test_reranker_reads_pairs_at_its_trained_length(tmp_path, models):
+    from bertkit.retrieval.search import load_reranker
+    from bertkit.tokenizer import BertTokenizer
+
+    assert load_reranker(models["cross"]).max_length == 41  # no trained length: the model's limit
+    trained = tmp_path / "trained"
+    import shutil
+
+    shutil.copytree(models["cross"], trained)
+    tokenizer = BertTokenizer.from_pretrained(trained)
+    tokenizer.model_max_length = 12  # what finetune --task rerank writes
+    tokenizer.save_pretrained(trained)
+    assert load_reranker(trained).max_length == 12
+    assert load_reranker(trained, max_length=30).max_length == 30
+    texts = sentences(10, seed=8)
+    build_index(write_corpus(tmp_path / "c.jsonl", texts), models["bi"], tmp_path / "ix", progress=False)
+    assert Searcher.open(tmp_path / "ix", rerank=trained).reranker.max_length == 12
+    assert Searcher.open(tmp_path / "ix", rerank=trained, rerank_max_length=20).reranker.max_length == 20
+
+
 def test_index_refuses_another_query_model(tmp_path, models):
     build_index(write_corpus(tmp_path / "c.jsonl", sentences(5)), models["bi"], tmp_path / "ix",
                 progress=False)
@@ -221,7 +241,7 @@ def test_cli_index_and_search(tmp_path, models, capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[0]["query"] == texts[12] and rows[0]["hits"][0]["id"] == "13"  # txt ids: line numbers
     assert cli.main(["search", str(tmp_path / "ix"), texts[3], "--rerank", str(models["cross"]),
-                     "--top-k", "2", "--candidates", "5"]) == 0
+                     "--top-k", "2", "--candidates", "5", "--rerank-max-length", "16"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") >= 3 and "rerank" in out
     assert cli.main(["search", str(tmp_path / "ix"), "cat", "--model", str(models["other"])]) == 2

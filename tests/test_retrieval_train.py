@@ -3,6 +3,7 @@ set, and the outputs load in sentence-transformers with the same vectors / score
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -99,25 +100,61 @@ def test_cls_pooling_writes_cls_for_sentence_transformers(tmp_path):
                                SentenceTransformer(str(out), device="cpu").encode(texts), atol=1e-5)
 
 
-def test_cross_encoder_trains_with_bm25_negatives_and_loads_in_sentence_transformers(tmp_path):
+@pytest.mark.parametrize("loss, batch_size", [("bce", 16), ("listwise", 6)])
+def test_cross_encoder_trains_with_bm25_negatives_and_loads_in_sentence_transformers(tmp_path, loss,
+                                                                                    batch_size):
     from sentence_transformers import CrossEncoder
 
     from bertkit.inference import rerank
+    from bertkit.retrieval.search import load_reranker
 
     base = tiny_encoder(tmp_path / "base")  # an encoder without a head: the head starts fresh
     out = tmp_path / "ce"
     summary = rt.finetune_retrieval(task="rerank", model=str(base), train=str(_pairs_file(tmp_path / "p.jsonl")),
-                                    out_dir=str(out), epochs=4, batch_size=16, lr=1e-3, negatives=2,
-                                    progress=False, max_length=32)
+                                    out_dir=str(out), epochs=4, batch_size=batch_size, lr=1e-3,
+                                    negatives=2, loss=loss, progress=False, max_length=32)
     assert summary["train_examples"] == 24 * 3  # each positive with 2 mined negatives
+    assert summary["steps"] == 4 * math.ceil(24 * (3 if loss == "bce" else 1) / batch_size)
     assert _mean_loss(out / "steps.jsonl", 4) < _mean_loss(out / "steps.jsonl", 1)
+    # Pairs are scored at the length they were trained at, by us and by sentence-transformers.
+    assert load_reranker(out).max_length == 32
+    model = CrossEncoder(str(out), device="cpu")
+    assert model.max_seq_length == 32
     docs = ["the cat sees a red ball", "market price rises", "a dog"]
     ours = rerank(out, "the cat", docs)
-    theirs = CrossEncoder(str(out), device="cpu").predict([("the cat", d) for d in docs])
+    theirs = model.predict([("the cat", d) for d in docs])
     got = [0.0] * len(docs)
     for row in ours:
         got[row["index"]] = row["score"]
     np.testing.assert_allclose(got, theirs, atol=1e-5)
+
+
+def test_listwise_loss_by_hand():
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, 3.0, -9.0]])  # column 0: each query's positive
+    mask = torch.tensor([[True, True, True], [True, True, False]])  # query 2 has one negative
+    expected = -(torch.log_softmax(logits[0], 0)[0] + torch.log_softmax(logits[1, :2], 0)[0]) / 2
+    assert rt.listwise_loss(logits, mask).item() == pytest.approx(expected.item(), rel=1e-6)
+    # A positive far above its negatives costs ~0; the masked logit (-9) never counts.
+    assert rt.listwise_loss(torch.tensor([[30.0, 0.0, 0.0]])).item() < 1e-6
+
+
+def test_rerank_negatives_are_drawn_afresh_from_a_row_pool():
+    import random
+
+    config = rt.RetrievalTrainConfig(task="rerank", model="m", train="t", out_dir="o", negatives=2,
+                                     mine="none")
+    own = [f"negative {i}" for i in range(10)]
+    groups = rt._rerank_groups([rt.Pair("q", "pos", own, "f:1")], config)
+    rng = random.Random(0)
+    epochs = [rt._rerank_epoch(groups, config, rng)[0] for _ in range(6)]
+    assert all(e[:2] == ("q", "pos") and len(e[2]) == 2 and set(e[2]) <= set(own) for e in epochs)
+    assert len({tuple(e[2]) for e in epochs}) > 1  # not the same two every epoch
+    bce = dataclasses.replace(config, loss="bce")
+    assert [r[2] for r in rt._rerank_epoch(groups, bce, rng)] == [1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="no query has a negative"):
+        rt._rerank_epoch(rt._rerank_groups([rt.Pair("q", "pos", [], "f:1")], config), config, rng)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        rt.RetrievalTrainConfig(task="rerank", model="m", train="t", out_dir="o", loss="hinge")
 
 
 def test_bm25_by_hand():
@@ -149,6 +186,12 @@ def test_finetune_cli_task_embed(tmp_path, capsys):
     status = cli.main(["finetune", "--task", "rerank", "--model", str(base), "--train",
                        str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "bi"), "--no-progress"])
     assert status == 2 and "--overwrite" in capsys.readouterr().err
+    status = cli.main(["finetune", "--task", "rerank", "--model", str(base), "--train",
+                       str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "ce"), "--no-progress",
+                       "--loss", "bce", "--negatives", "1", "--max-length", "20", "--epochs", "1"])
+    assert status == 0, capsys.readouterr().err
+    saved = json.loads((tmp_path / "ce" / "finetune_config.json").read_text())
+    assert (saved["loss"], saved["negatives"], saved["lr"]) == ("bce", 1, rt.RERANK_LR)
 
 
 def test_builtin_retrieval_sets_are_fixed_and_disjoint():

@@ -647,7 +647,7 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                        "saved as soon as it is scored.",
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa", "embed", "rerank"],
-                   help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (BCE on "
+                   help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (--loss on "
                    "mined negatives); their data: JSONL {query, positive, negatives?} or TSV "
                    "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval")
     p.add_argument("--pooling", choices=["mean", "cls"], help="embed: pooling (mean)")

@@ -11,11 +11,17 @@ sentence_bert_config.json): `SentenceTransformer(OUT_DIR)` gives the vectors
 `bertkit.inference.embed(OUT_DIR, ...)` gives.
 
 rerank — a cross-encoder: [CLS] query [SEP] passage [SEP] → one logit (a sequence-classification
-head with one label), trained with binary cross-entropy on each positive and `negatives` hard
-negatives per query: the row's own, then mined by BM25 (`mine="bm25"`, lexical look-alikes, the
-usual first stage) or by a bi-encoder (`mine="biencoder"`, `mine_model`) from every passage of
-the training file. sentence-transformers' `CrossEncoder(OUT_DIR)` scores as
-`bertkit.inference.rerank` does (sigmoid of the logit).
+head with one label), trained on each positive and `negatives` hard negatives per query: the
+row's own, then mined by BM25 (`mine="bm25"`, lexical look-alikes, the usual first stage) or by a
+bi-encoder (`mine="biencoder"`, `mine_model`) from every passage of the training file. A row
+with more negatives than `negatives` (or a mined list) is a pool: each epoch draws afresh from it.
+Two losses: `loss="bce"`, binary cross-entropy on every (query, passage, 0/1) pair, batch_size
+pairs a step; `loss="listwise"`, softmax cross-entropy over one query's positive and its
+negatives (the positive must outscore them all; Nogueira & Cho's pointwise BCE vs the listwise
+"localized contrastive" loss of Gao et al. 2021), batch_size queries a step. The pair length
+(`max_length`) is written as the tokenizer's `model_max_length`: `search.load_reranker` and
+sentence-transformers' `CrossEncoder(OUT_DIR)` cut pairs where training did, and the latter
+scores as `bertkit.inference.rerank` does (sigmoid of the logit).
 
 Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} or TSV rows query<TAB>document<TAB>label
 (label 1 relevant, 0 a negative of that query; an optional header), or builtin:NAME[:SPLIT] of
@@ -47,6 +53,13 @@ log = logging.getLogger(__name__)
 TASKS = ("embed", "rerank")
 POOLINGS = ("mean", "cls")
 MINERS = ("bm25", "biencoder", "none")
+LOSSES = ("listwise", "bce")  # rerank losses
+# The rerank default learning rate: a fresh one-logit head over an encoder that was never
+# trained to read a pair has to move far in the few hundred steps a CPU budget allows. Measured
+# (issue 15; MiniLM, 200 BBC train queries x (1 + 3), 25 listwise steps, 50 dev queries' BM25
+# top 20 at MRR@10 0.736): lr 1e-4 leaves the loss at chance (1.39 -> 1.35) and reranks to 0.504;
+# 3e-4 reaches 0.50 and 0.767. 2e-5 (sentence-transformers' default) is made for thousands of steps.
+RERANK_LR = 3e-4
 BUILTIN_PREFIX = "builtin:"
 CONFIG_FILE = "finetune_config.json"
 OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, "eval.json", "steps.jsonl", "modules.json")
@@ -63,7 +76,7 @@ class RetrievalTrainConfig:
     eval: str | None = None  # scored at the end: MRR@10 / Recall@10 (default: a builtin's dev split)
     epochs: int = 1
     batch_size: int = 32  # embed: in-batch negatives grow with it (sentence-transformers: 32-128)
-    lr: float | None = None  # None: 2e-5 for a pre-trained encoder (sentence-transformers' default)
+    lr: float | None = None  # None: embed 2e-5 (sentence-transformers' default); rerank RERANK_LR
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
@@ -76,6 +89,7 @@ class RetrievalTrainConfig:
     hard_negatives: int = 1  # embed: at most this many of a row's negatives join the batch's candidates
     # rerank
     negatives: int = 3  # negatives per positive
+    loss: str = "listwise"  # rerank: listwise (softmax over positive + negatives) | bce (per pair)
     mine: str = "bm25"  # where negatives come from beyond the row's own
     mine_model: str | None = None  # bi-encoder directory for mine="biencoder"
     mine_depth: int = 30  # mined negatives are drawn from this many top candidates
@@ -102,6 +116,10 @@ class RetrievalTrainConfig:
             problems.append("embed needs batch_size ≥ 2: the other rows of a batch are the negatives")
         if self.pooling not in POOLINGS:
             problems.append(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.loss not in LOSSES:
+            problems.append(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.task == "rerank" and self.loss == "listwise" and self.negatives < 1:
+            problems.append("loss listwise needs negatives ≥ 1: the positive is ranked against them")
         if self.mine not in MINERS:
             problems.append(f"mine must be one of {', '.join(MINERS)}, got {self.mine!r}")
         if self.mine == "biencoder" and self.task == "rerank" and not self.mine_model:
@@ -269,7 +287,8 @@ def finetune_retrieval(**settings: Any) -> dict[str, Any]:
 
 
 # Options of `bertkit finetune` that only the retrieval tasks take.
-RETRIEVAL_OPTIONS = ("pooling", "scale", "hard_negatives", "negatives", "mine", "mine_model", "mine_depth")
+RETRIEVAL_OPTIONS = ("pooling", "scale", "hard_negatives", "negatives", "loss", "mine", "mine_model",
+                     "mine_depth")
 
 
 def from_finetune_config(config: Any, **extra: Any) -> RetrievalTrainConfig:
@@ -305,11 +324,12 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     model = _build(config).to(device)
-    config.lr = config.lr or 2e-5
-    if config.task == "rerank":
-        examples = _rerank_examples(pairs, config, rng)
+    config.lr = config.lr or (RERANK_LR if config.task == "rerank" else 2e-5)
+    groups = _rerank_groups(pairs, config) if config.task == "rerank" else []
+    if config.task == "embed":
+        examples: list[Any] = pairs
     else:
-        examples = pairs
+        examples = _rerank_epoch(groups, config, rng)
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
     total = steps_per_epoch * config.epochs
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
@@ -320,7 +340,10 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
 
     steps, step = [], 0
     model.train()
+    n_pairs = sum(1 + len(e[2]) for e in examples) if config.loss == "listwise" and groups else len(examples)
     for epoch in range(1, config.epochs + 1):
+        if groups and epoch > 1:  # fresh negatives from each query's pool
+            examples = _rerank_epoch(groups, config, rng)
         order = list(range(len(examples)))
         rng.shuffle(order)
         batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
@@ -341,6 +364,11 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
                           "lr": schedule.get_last_lr()[0]})
     model.eval()
     model.save_pretrained(out)
+    if config.task == "rerank":
+        # The pair length it was trained at is the one to score at: load_reranker and
+        # sentence-transformers' CrossEncoder both read it from tokenizer_config.json. Scoring
+        # BBC bodies at the model's 512 instead cost 4.5x the time of 128 (issue 15).
+        tokenizer.model_max_length = config.max_length
     tokenizer.save_pretrained(out)
     if config.task == "embed":
         write_sentence_transformers_files(out, model.config.hidden_size, config.pooling, config.max_length)
@@ -350,7 +378,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
         "status": "done", "task": config.task, "model": config.model, "steps": step,
         "first_loss": losses[0] if losses else None,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None,
-        "train": report.to_dict(), "train_examples": len(examples)}
+        "train": report.to_dict(), "train_examples": n_pairs}
     if config.eval:
         summary["eval"] = evaluate(out, config.task, config.eval)
     summary["seconds"] = round(time.time() - started, 2)
@@ -391,16 +419,45 @@ def _embed_loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig
     return multiple_negatives_ranking_loss(qv, dv, config.scale)
 
 
-def _rerank_loss(model, tokenizer, rows: list[tuple[str, str, float]], config, device) -> torch.Tensor:
-    batch = _encode(tokenizer, [r[0] for r in rows], [r[1] for r in rows], config.max_length, device)
-    logits = model(**batch).logits[:, 0]  # (B,)
-    labels = torch.tensor([r[2] for r in rows], dtype=logits.dtype, device=device)
-    return F.binary_cross_entropy_with_logits(logits, labels)
+def listwise_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """logits (G, 1 + K): column 0 each query's positive, the rest its negatives; mask (G, 1 + K)
+    bool, False where a query has fewer negatives → mean cross-entropy of the positive against
+    its own list (a softmax over one query's candidates, not the batch's)."""
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
 
 
-def _rerank_examples(pairs: list[Pair], config: RetrievalTrainConfig, rng: random.Random
-                     ) -> list[tuple[str, str, float]]:
-    """(query, passage, label) rows: each positive, its own negatives, then mined ones."""
+def _rerank_loss(model, tokenizer, rows: list, config, device) -> torch.Tensor:
+    """bce: rows are (query, passage, label); listwise: (query, positive, [negatives])."""
+    if config.loss == "bce":
+        batch = _encode(tokenizer, [r[0] for r in rows], [r[1] for r in rows], config.max_length, device)
+        logits = model(**batch).logits[:, 0]  # (B,)
+        labels = torch.tensor([r[2] for r in rows], dtype=logits.dtype, device=device)
+        return F.binary_cross_entropy_with_logits(logits, labels)
+    width = 1 + max(len(r[2]) for r in rows)
+    queries = [r[0] for r in rows for _ in range(1 + len(r[2]))]
+    passages = [d for r in rows for d in (r[1], *r[2])]
+    batch = _encode(tokenizer, queries, passages, config.max_length, device)
+    flat = model(**batch).logits[:, 0]  # (P,) every pair of the batch, query by query
+    mask = torch.zeros(len(rows), width, dtype=torch.bool, device=device)  # (G, 1 + K)
+    for g, r in enumerate(rows):
+        mask[g, :1 + len(r[2])] = True
+    logits = flat.new_zeros(len(rows), width).masked_scatter(mask, flat)  # (G, 1 + K) row-major
+    return listwise_loss(logits, mask)
+
+
+@dataclass
+class _Group:
+    """One training query: its positive, its own negatives and the mined ones to draw from."""
+    query: str
+    positive: str
+    own: list[str]
+    mined: list[str]
+
+
+def _rerank_groups(pairs: list[Pair], config: RetrievalTrainConfig) -> list[_Group]:
+    """Each pair with the top `mine_depth` mined passages that are not its positive."""
     pool = sorted({p.positive for p in pairs} | {n for p in pairs for n in p.negatives})
     mined: list[list[int]] = [[] for _ in pairs]
     wanted = [max(0, config.negatives - len(p.negatives)) for p in pairs]
@@ -418,15 +475,30 @@ def _rerank_examples(pairs: list[Pair], config: RetrievalTrainConfig, rng: rando
             vectors = embed(config.mine_model, pool).numpy()
             queries = embed(config.mine_model, [p.query for p in pairs]).numpy()
             mined = top_k_inner_product(vectors, queries, depth)[1].tolist()
-    rows = []
-    for pair, candidates, want in zip(pairs, mined, wanted):
-        rows.append((pair.query, pair.positive, 1.0))
-        negatives = list(pair.negatives[:config.negatives])
-        # The top candidates that are not the positive: hard, but the very top ones are most
-        # often unlabelled positives, so draw from the top `mine_depth` rather than take the first.
-        options = [pool[i] for i in candidates if pool[i] != pair.positive]
-        negatives += rng.sample(options, min(want, len(options)))
-        rows += [(pair.query, n, 0.0) for n in negatives]
+    return [_Group(p.query, p.positive, list(p.negatives),
+                   [pool[i] for i in found if pool[i] != p.positive and pool[i] not in p.negatives])
+            for p, found in zip(pairs, mined)]
+
+
+def _rerank_epoch(groups: list[_Group], config: RetrievalTrainConfig, rng: random.Random) -> list[tuple]:
+    """One epoch's examples: `negatives` per query, its own first (drawn from them when it has
+    more), then drawn from the mined top `mine_depth` — hard, but the very top ones are most often
+    unlabelled positives, so drawn rather than the first taken. bce: (query, passage, label)
+    rows; listwise: (query, positive, [negatives]) rows."""
+    rows: list[tuple] = []
+    k = config.negatives
+    for g in groups:
+        negatives = list(g.own) if len(g.own) <= k else rng.sample(g.own, k)
+        negatives += rng.sample(g.mined, min(k - len(negatives), len(g.mined)))
+        if config.loss == "listwise":
+            if negatives:  # a query without negatives has nothing to be ranked against
+                rows.append((g.query, g.positive, negatives))
+        else:
+            rows.append((g.query, g.positive, 1.0))
+            rows += [(g.query, n, 0.0) for n in negatives]
+    if not rows:
+        raise ValueError(f"no query has a negative to rank its positive against ({len(groups)} "
+                         "queries): give rows negatives, or --mine bm25 with more than one passage")
     return rows
 
 
@@ -440,10 +512,10 @@ def evaluate(model_dir: str | Path, task: str, spec: str, *, candidates: int = 2
     embed: exact search over the corpus (a builtin set's whole corpus, else every passage of the
     file). rerank: the top `candidates` of BM25 (or the `first_stage` bi-encoder) reranked.
     """
-    from bertkit.inference import Engine, embed, rerank
+    from bertkit.inference import embed, rerank
     from bertkit.retrieval.bm25 import BM25
     from bertkit.retrieval.metrics import evaluate_run
-    from bertkit.retrieval.search import top_k_inner_product
+    from bertkit.retrieval.search import load_reranker, top_k_inner_product
 
     pairs, _ = read_pairs(spec, default_split="dev")
     if spec.startswith(BUILTIN_PREFIX):
@@ -455,7 +527,7 @@ def evaluate(model_dir: str | Path, task: str, spec: str, *, candidates: int = 2
     position = {text: i for i, text in enumerate(corpus)}
     qrels = {str(i): {str(position[p.positive])} for i, p in enumerate(pairs)}
     run: dict[str, list[str]] = {}
-    reranker = Engine.load(model_dir, task="rerank") if task == "rerank" else None
+    reranker = load_reranker(model_dir) if task == "rerank" else None
     if task == "embed" or first_stage:
         encoder = model_dir if task == "embed" else first_stage
         rows = top_k_inner_product(embed(encoder, corpus).numpy(),
