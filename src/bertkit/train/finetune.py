@@ -110,6 +110,11 @@ class FinetuneConfig:
     # --- inputs
     max_length: int | None = None  # pieces per window; None = 128 (384 for qa)
     doc_stride: int | None = None  # pieces between window starts; None = half a window (128 for qa)
+    # classify / pair evaluation (eval and test sets): every window of a long text, probabilities
+    # averaged; False scores the first max_length pieces only, as training sees them and as a
+    # plain transformers loop evaluates (BBC articles at 128 pieces: 7× fewer windows to run).
+    # `predict` always reads every window.
+    eval_windows: bool = True
     max_train_examples: int | None = None  # use the first N training examples (small budgets)
     text_column: str = "text"
     pair_column: str = "text_pair"
@@ -182,6 +187,8 @@ class FinetuneConfig:
         elif self.lora_save == "adapters" and self.lora is not None and self.model in PRESETS:
             problems.append(f"lora_save adapters needs a pre-trained --model directory to load them onto, "
                             f"not the preset {self.model!r} (random weights); use lora_save merged")
+        if not isinstance(self.eval_windows, bool):
+            problems.append(f"eval_windows must be True or False, got {self.eval_windows!r}")
         if self.ner_invalid not in ("skip", "repair"):
             problems.append(f"ner_invalid must be 'skip' or 'repair', got {self.ner_invalid!r}")
         if problems:
@@ -256,16 +263,16 @@ class ClassifyTask:
     def check_labels(self, examples: Sequence, source: str) -> None:
         self.space.encode(examples, source)
 
-    def _scores(self, model: nn.Module, examples: Sequence) -> torch.Tensor:
+    def _scores(self, model: nn.Module, examples: Sequence, windows: bool = True) -> torch.Tensor:
         features = classify.classify_features(examples, self.pieces, self.config.max_length,
-                                              windows=True, stride=self.config.doc_stride)
+                                              windows=windows, stride=self.config.doc_stride)
         out = forward_batches(model, features, pad_id=self.pieces.pad_id,
                               batch_size=self.config.eval_batch_size, progress=self.config.progress)
         return classify.aggregate_windows(out["logits"], features, len(examples), self.space.regression)
 
     def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
         gold = self.space.encode(examples, source)
-        scores = self._scores(model, examples)  # (N, C)
+        scores = self._scores(model, examples, self.config.eval_windows)  # (N, C)
         if self.space.regression:
             pred = scores[:, 0]
             target = torch.tensor(gold)
