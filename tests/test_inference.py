@@ -386,6 +386,30 @@ def test_compiled_int8_kernels_equal_the_eager_ones():
     assert torch.allclose(int8.dequantize(acc, *args), dequantize(acc, *args), rtol=1e-6, atol=1e-5)
 
 
+def test_fused_int8_feed_forward_equals_the_layers_own(minilm_dir, monkeypatch):
+    """Int8EncoderLayer's block-by-block feed-forward (dequantize + GELU + quantize fused) gives the
+    unfused int8 layer's output within one quantization step, compiled or eager, and a row's
+    result does not depend on the rows around it."""
+    from bertkit.inference import int8
+    from bertkit.model import EncoderLayer
+
+    layer = Engine.load(minilm_dir, precision="int8").model.layers[2]
+    assert type(layer) is int8.Int8EncoderLayer
+    torch.manual_seed(0)
+    x, y = torch.randn(1500, 384), torch.randn(1500, 384)  # more rows than one block (682)
+    with torch.inference_mode():
+        plain = EncoderLayer.feed_forward(layer, x, y)
+        for kernels in (int8._FUSED, int8._FusedKernels()):
+            if kernels is not int8._FUSED:  # the eager fallback: no torch.compile
+                kernels.tried, kernels.quantize = True, int8.quantize_rows
+                monkeypatch.setattr(int8, "_FUSED", kernels)
+            fused = layer.feed_forward(x, y)
+            cos = torch.nn.functional.cosine_similarity(fused, plain, dim=-1)
+            assert cos.min() > 0.9999 and (fused - plain).abs().max() < 0.05
+            alone = layer.feed_forward(x[700:705], y[700:705])
+            assert (alone - fused[700:705]).abs().max() < 1e-5
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the varlen flash path)")
 def test_cuda_varlen_attention_matches_the_cpu_engine(minilm_dir):
     texts = SENTENCES * 3

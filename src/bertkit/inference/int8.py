@@ -22,6 +22,8 @@ import os
 import torch
 from torch import nn
 
+from bertkit.model import EncoderLayer
+
 log = logging.getLogger(__name__)
 
 CHUNK_ELEMENTS = 1 << 20  # int32 accumulators per block of rows (4 MiB: fits the L2/L3 of a core pair)
@@ -117,10 +119,87 @@ class Int8Linear(nn.Module):
 
 
 def quantize_linears(module: nn.Module) -> nn.Module:
-    """Replace every nn.Linear inside `module` (in place) by an Int8Linear; returns `module`."""
+    """Replace every nn.Linear inside `module` (in place) by an Int8Linear, and give each encoder
+    layer the fused int8 feed-forward (`Int8EncoderLayer`); returns `module`."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             setattr(module, name, Int8Linear(child))
         else:
             quantize_linears(child)
+            if type(child) is EncoderLayer:
+                child.__class__ = Int8EncoderLayer  # same modules and weights; only the FFN's schedule differs
     return module
+
+
+# ---------------------------------------------------------------------------------------------
+# the feed-forward, fused
+# ---------------------------------------------------------------------------------------------
+def dequantize_act_quantize(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                            weight_scale: torch.Tensor, column_sums: torch.Tensor, bias: torch.Tensor,
+                            act) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ffn_in's int32 accumulators → act(ffn_in(x)) quantized for ffn_out, in one fused kernel."""
+    return quantize_rows(act(dequantize(acc, scale, zero, weight_scale, column_sums, bias)))
+
+
+def dequantize_add_norm(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                        weight_scale: torch.Tensor, column_sums: torch.Tensor, bias: torch.Tensor,
+                        residual: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
+                        eps: float) -> torch.Tensor:
+    """ffn_out's int32 accumulators → LayerNorm(residual + ffn_out(h)), fused."""
+    y = residual + dequantize(acc, scale, zero, weight_scale, column_sums, bias)
+    return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
+
+
+class _FusedKernels(_Kernels):
+    """The feed-forward's two fused steps, compiled once per activation function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict = {}
+
+    def feed_forward(self, act):
+        if act not in self.cache:
+            pair = (lambda acc, *a: dequantize_act_quantize(acc, *a, act), dequantize_add_norm)
+            if not self.tried:
+                self.get()  # decides whether torch.compile works here at all
+            if self.quantize is not quantize_rows:  # compiled kernels work: compile these too
+                try:
+                    pair = tuple(torch.compile(f, dynamic=True) for f in pair)
+                except Exception as err:  # noqa: BLE001  an inductor limitation: stay eager
+                    log.info("int8: feed-forward kernels not compiled (%s)", type(err).__name__)
+            self.cache[act] = pair
+        return self.cache[act]
+
+
+_FUSED = _FusedKernels()
+
+
+class Int8EncoderLayer(EncoderLayer):
+    """An encoder layer whose Linears are Int8Linear, with the feed-forward run block by block.
+
+    Per block of rows: quantize x, ffn_in's int8 GEMM, then dequantize + activation + quantize in
+    one fused kernel (the (rows, I) intermediate never goes to memory as floats), ffn_out's GEMM,
+    then dequantize + residual + LayerNorm fused. Every step is per row, so the result equals the
+    layer's own int8 forward (the same formulas, evaluated in another order: within float
+    rounding) and stays independent of the batch. Inference only: dropout is the identity here.
+    """
+
+    def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.attn_norm(x + self.attn_out(y))  # (N, H)
+        quantize, _ = _KERNELS.get()
+        fused_act, fused_norm = _FUSED.feed_forward(self.act)
+        ffn_in, ffn_out, norm = self.ffn_in, self.ffn_out, self.ffn_norm
+        rows = max(256, CHUNK_ELEMENTS // ffn_in.out_features)
+        out = torch.empty_like(x) if x.shape[0] > rows else None  # (N, H)
+        for start in range(0, x.shape[0], rows):
+            block = slice(start, start + rows)
+            q, scale, zero = quantize(x[block])  # (rows, H) int8
+            acc = torch._int_mm(q, ffn_in.qweight_t)  # (rows, I) int32
+            q, scale, zero = fused_act(acc, scale, zero, ffn_in.weight_scale, ffn_in.column_sums, ffn_in.bias)
+            acc = torch._int_mm(q, ffn_out.qweight_t)  # (rows, H) int32
+            h = fused_norm(acc, scale, zero, ffn_out.weight_scale, ffn_out.column_sums, ffn_out.bias,
+                           x[block], norm.weight, norm.bias, norm.eps)  # (rows, H)
+            if out is None:
+                return h
+            out[block] = h
+        return out
