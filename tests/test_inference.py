@@ -386,6 +386,19 @@ def test_compiled_int8_kernels_equal_the_eager_ones():
     assert torch.allclose(int8.dequantize(acc, *args), dequantize(acc, *args), rtol=1e-6, atol=1e-5)
 
 
+def test_rerank_reads_pairs_at_the_cross_encoders_own_length(tokenizer, tmp_path):
+    """A cross-encoder whose tokenizer says model_max_length 16 (its trained length) is read at 16,
+    as sentence-transformers' CrossEncoder reads it; other uses keep the model's limit."""
+    import json
+
+    save_tiny(BertForSequenceClassification, tokenizer, tmp_path, num_labels=1)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 16}))
+    assert Engine.load(tmp_path, task="rerank").max_length == 16
+    assert Engine.load(tmp_path, task="rerank", max_length=40).max_length == 40
+    assert Engine.load(tmp_path, task="classify").max_length == 64
+
+
 def test_fused_int8_feed_forward_equals_the_layers_own(minilm_dir, monkeypatch):
     """Int8EncoderLayer's block-by-block feed-forward (dequantize + GELU + quantize fused) gives the
     unfused int8 layer's output within one quantization step, compiled or eager, and a row's

@@ -205,6 +205,11 @@ class Engine:
             options["max_length"] = min(pooling.max_seq_length, model.config.max_sequence_length)
         elif "max_length" not in options and model.config.max_sequence_length < model.config.max_position_embeddings:
             options["max_length"] = model.config.max_sequence_length  # RoBERTa: 514 positions, 512 tokens
+        if (task == "rerank" and "max_length" not in options
+                and 2 < tokenizer.model_max_length < model.config.max_sequence_length):
+            # A cross-encoder reads pairs at its tokenizer's model_max_length, as sentence-transformers'
+            # CrossEncoder does; `finetune --task rerank` writes its trained pair length there.
+            options["max_length"] = tokenizer.model_max_length
         return cls(model, tokenizer, model_dir=Path(model_dir), task=task, pooling=pooling, **options)
 
     # -- tokenization --------------------------------------------------------------------------
