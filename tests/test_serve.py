@@ -356,7 +356,11 @@ def test_cli_binds_loopback_by_default_and_sigterm_finishes_in_flight(model_dirs
         long_batch = {"inputs": [" ".join(SENTENCES * 4)] * 32, "truncate": True}
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(httpx.post, f"{url}/embed", json=long_batch, timeout=60)
-            time.sleep(0.3)
+            # SIGTERM only once the server holds the request (a fixed sleep raced a slow start)
+            deadline = time.monotonic() + 30
+            while "bertkit_inputs_in_flight 32.0" not in httpx.get(f"{url}/metrics", timeout=30).text:
+                assert time.monotonic() < deadline and not in_flight.done(), "the request never got in flight"
+                time.sleep(0.02)
             proc.send_signal(signal.SIGTERM)
             response = in_flight.result(60)
         assert response.status_code == 200 and len(response.json()) == 32
