@@ -412,10 +412,8 @@ def test_fused_int8_feed_forward_equals_the_layers_own(minilm_dir, monkeypatch):
     x, y = torch.randn(1500, 384), torch.randn(1500, 384)  # more rows than one block (682)
     with torch.inference_mode():
         plain = EncoderLayer.feed_forward(layer, x, y)
-        for kernels in (int8._FUSED, int8._FusedKernels()):
-            if kernels is not int8._FUSED:  # the eager fallback: no torch.compile
-                kernels.tried, kernels.quantize = True, int8.quantize_rows
-                monkeypatch.setattr(int8, "_FUSED", kernels)
+        for kernels in (int8._FUSED, int8._FusedKernels(compile=False)):  # compiled, then eager
+            monkeypatch.setattr(int8, "_FUSED", kernels)
             fused = layer.feed_forward(x, y)
             cos = torch.nn.functional.cosine_similarity(fused, plain, dim=-1)
             assert cos.min() > 0.9999 and (fused - plain).abs().max() < 0.05

@@ -150,19 +150,19 @@ def dequantize_add_norm(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
     return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
 
 
-class _FusedKernels(_Kernels):
-    """The feed-forward's two fused steps, compiled once per activation function."""
+class _FusedKernels:
+    """The feed-forward's two fused steps, compiled once per activation function where the
+    row kernels compiled (`_KERNELS` has found out whether torch.compile works here);
+    compile=False keeps them eager."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, compile: bool = True) -> None:
+        self.compile = compile
         self.cache: dict = {}
 
     def feed_forward(self, act):
         if act not in self.cache:
             pair = (lambda acc, *a: dequantize_act_quantize(acc, *a, act), dequantize_add_norm)
-            if not self.tried:
-                self.get()  # decides whether torch.compile works here at all
-            if self.quantize is not quantize_rows:  # compiled kernels work: compile these too
+            if self.compile and _KERNELS.get()[0] is not quantize_rows:
                 try:
                     pair = tuple(torch.compile(f, dynamic=True) for f in pair)
                 except Exception as err:  # noqa: BLE001  an inductor limitation: stay eager
