@@ -205,6 +205,12 @@ def jieba_word_starts(texts: Sequence[str]) -> list[list[int]]:
     return result
 
 
+def jieba_words(text: str) -> list[str]:
+    """jieba's words of one text, in order (they join back to the text)."""
+    bounds = jieba_word_starts([text])[0] + [len(text)]
+    return [text[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 # Below this many texts a process pool costs more (start-up, jieba's dictionary) than it saves.
 _MIN_TEXTS_PER_WORKER = 2000
 
@@ -302,9 +308,8 @@ def mask_text(text: str, tokenizer: "BertTokenizer", *, seed: int = 0, whole_wor
         continuation = continuation_table(tokenizer)
         chars = None
         if has_cjk(text):
-            chars = np.asarray(jieba_word_starts([text])[0])
-            bounds = list(chars) + [len(text)]
-            words = [text[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            words = jieba_words(text)
+            chars = np.cumsum([0] + [len(w) for w in words[:-1]])  # where each word begins
         token_starts = np.asarray([start for start, _ in encoding.offsets], dtype=np.int64)
         word_starts = token_word_starts(ids[0], token_starts, chars, continuation)  # (T,)
     replacement = np.setdiff1d(np.arange(tokenizer.vocab_size), list(tokenizer.special_ids))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, has_cjk, jieba_word_starts, mask_text
+from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, has_cjk, jieba_word_starts, jieba_words, mask_text
 from bertkit.data.report import IGNORE_INDEX
 from bertkit.inference import Engine, classify, fill_mask, ner, qa, rerank, similarity
 from bertkit.model import BertForMaskedLM, BertModel, count_parameters
@@ -110,7 +110,7 @@ class Explorer:
     def load(cls, model_dir: str | os.PathLike, tasks: list[tuple[str, str]] = (), *,
              name: str | None = None) -> "Explorer":
         """The main model from `model_dir`, and each (name, dir) of `tasks` for its own head."""
-        from bertkit.serve.models import head_task
+        from bertkit.serve.models import head_task, is_cross_encoder
 
         path = Path(model_dir)
         if not (path / "config.json").is_file():
@@ -130,12 +130,11 @@ class Explorer:
             if task_name in explorer.tasks:
                 raise ValueError(f"two models are named {task_name!r}; name them apart with NAME=DIR")
             use = head_task(task_dir)
-            engine_task = {"fill-mask": "embed"}.get(use, use)
-            task_engine = Engine.load(task_dir, task=engine_task, precision="fp32")
-            if use == "classify" and task_engine.config.num_labels == 1 \
-                    and task_engine.config.problem_type != "regression":
-                use = "rerank"  # one relevance logit: a cross-encoder
-            explorer.tasks[task_name] = TaskModel(task_name, {"fill-mask": "embed"}.get(use, use), task_engine)
+            use = "embed" if use == "fill-mask" else use  # an MLM given as a task: its sentence vectors
+            task_engine = Engine.load(task_dir, task=use, precision="fp32")
+            if use == "classify" and is_cross_encoder(task_engine.config):
+                use = "rerank"
+            explorer.tasks[task_name] = TaskModel(task_name, use, task_engine)
         return explorer
 
     @property
@@ -317,7 +316,8 @@ def masking(explorer: Explorer, text: str, seed: int = 0, whole_word: bool = Fal
     return {"tokens": list(enc.tokens), "special": result.special.tolist(),
             "word_starts": (result.word_starts.tolist() if result.word_starts is not None
                             else [not s for s in result.special.tolist()]),
-            "words": result.words if result.words is not None or not has_cjk(text) else _jieba_words(text),
+            # jieba's words for any Chinese text, whole-word masking or not
+            "words": result.words if result.words is not None or not has_cjk(text) else jieba_words(text),
             "kinds": ["" if k == NOT_SELECTED else KIND_NAMES[int(k)] for k in kinds.tolist()],
             "input_tokens": shown, "labels": labels.tolist(), "counts": counts,
             "predictions": predictions, "loss": loss}
@@ -465,12 +465,6 @@ def _mlm_probs(explorer: Explorer, ids: list[int], type_ids: list[int], position
         hidden = explorer.encoder(torch.tensor([ids]), torch.tensor([type_ids])).last_hidden_state[0]  # (T, H)
         logits = explorer.model.mlm(hidden[positions], explorer.encoder.embeddings.word_embeddings.weight)  # (M, V)
     return logits.float().softmax(-1)
-
-
-def _jieba_words(text: str) -> list[str]:
-    """jieba's words of a Chinese text (shown even when whole-word masking is off)."""
-    bounds = jieba_word_starts([text])[0] + [len(text)]
-    return [text[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _need_mlm(explorer: Explorer, what: str) -> None:

@@ -85,6 +85,11 @@ def head_task(model_dir: str | os.PathLike) -> str:
     return "fill-mask" if _has_tensors(Path(model_dir), "cls.predictions") else "embed"
 
 
+def is_cross_encoder(config) -> bool:
+    """A classification head with one relevance logit (not a regression): it reranks."""
+    return config.num_labels == 1 and config.problem_type != "regression"
+
+
 def _has_tensors(model_dir: Path, prefix: str) -> bool:
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
@@ -113,7 +118,7 @@ def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -
         uses.append("fill-mask")
     elif task == "classify":
         uses.append("predict")
-        if engine.config.num_labels == 1 and engine.config.problem_type != "regression":
+        if is_cross_encoder(engine.config):
             uses.append("rerank")
     elif task in ("ner", "qa"):
         uses.append(task)
