@@ -35,9 +35,8 @@ def _roberta_tokenizer(work: Path):
     return transformers.RobertaTokenizer.from_pretrained(work)
 
 
-def _albert_tokenizer(work: Path):
-    import transformers
-
+def albert_tokenizer_dir(work: Path, corpus=CORPUS, vocab_size: int = 150) -> Path:
+    """An ALBERT-style Unigram tokenizer.json (+ tokenizer_config.json) trained on `corpus`, in `work`."""
     tok = Tokenizer(models.Unigram())
     # The pipeline transformers' AlbertConverter writes (less spiece.model's precompiled charsmap).
     tok.normalizer = normalizers.Sequence([normalizers.Replace("``", '"'), normalizers.Replace("''", '"'),
@@ -45,16 +44,22 @@ def _albert_tokenizer(work: Path):
                                            normalizers.Lowercase(), normalizers.Replace(Regex(" {2,}"), " ")])
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=150, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
                                       unk_token="<unk>")
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])  # as ALBERT's files have it
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
         special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
     tok.save(str(work / "tokenizer.json"))
     (work / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "AlbertTokenizer"}))
-    return transformers.AutoTokenizer.from_pretrained(work)
+    return work
+
+
+def _albert_tokenizer(work: Path):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(albert_tokenizer_dir(work))
 
 
 def _distilbert_tokenizer(work: Path):

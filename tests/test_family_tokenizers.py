@@ -8,11 +8,16 @@ Every vocabulary is trained here with `tokenizers` on a few sentences: nothing d
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from bertkit.tokenizer import BertTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from family_fixtures import albert_tokenizer_dir  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,24 +76,10 @@ def test_roberta_tokenizer_json_round_trip(tmp_path):
 
 
 def test_albert_unigram_tokenizer_json_gives_transformers_ids(tmp_path):
-    tok = Tokenizer(models.Unigram())
-    # The normaliser transformers' AlbertConverter writes (less the precompiled charsmap of spiece.model).
-    tok.normalizer = normalizers.Sequence([normalizers.Replace("``", '"'), normalizers.Replace("''", '"'),
-                                           normalizers.NFKD(), normalizers.StripAccents(),
-                                           normalizers.Lowercase(), normalizers.Replace(Regex(" {2,}"), " ")])
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=120, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
-                                      unk_token="<unk>")
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])  # as ALBERT's files have it
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    # The pipeline transformers' AlbertConverter writes (less the precompiled charsmap of spiece.model).
     directory = tmp_path / "albert"
     directory.mkdir()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "AlbertTokenizer"}))
+    albert_tokenizer_dir(directory, CORPUS, vocab_size=120)
     theirs = transformers.AutoTokenizer.from_pretrained(directory)
     ours = BertTokenizer.from_pretrained(directory)
     texts = [t.replace("<mask>", "[MASK]") for t in TEXTS]
