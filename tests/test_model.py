@@ -231,3 +231,47 @@ def test_packed_forward_equals_each_sequence_alone(tiny_config):
         long = tiny_config.max_position_embeddings + 1
         model.forward_packed(torch.zeros(long, dtype=torch.long), torch.zeros(long, dtype=torch.long),
                              Packed.from_lengths([long]))
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_first_only_equals_the_full_last_layer(tiny_config, padded_batch, padded):
+    """first_only (what a [CLS] head reads) = the full encoder's first token: states and gradients."""
+    torch.manual_seed(12)
+    model = BertModel(tiny_config).train()  # training mode: the path fine-tuning takes
+    batch = padded_batch if padded else {"input_ids": padded_batch["input_ids"][:, :5].clamp(min=1),
+                                         "token_type_ids": padded_batch["token_type_ids"][:, :5]}
+
+    def run(first_only):
+        model.zero_grad()
+        out = model(**batch, first_only=first_only)
+        first = out.last_hidden_state[:, 0]  # (B, H)
+        (first.square().sum() + out.pooler_output.sum()).backward()
+        return first.detach(), out.pooler_output.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    full, cut = run(False), run(True)
+    assert model(**batch, first_only=True).last_hidden_state.shape == (13, 1, tiny_config.hidden_size)
+    assert (full[0] - cut[0]).abs().max() <= 1e-5 and (full[1] - cut[1]).abs().max() <= 1e-5
+    for name, grad in full[2].items():
+        assert (grad - cut[2][name]).abs().max() <= 1e-5, name
+
+
+def test_packed_first_only_equals_the_packed_first_rows(tiny_config):
+    from bertkit.model import Packed
+
+    torch.manual_seed(13)
+    model = heads.BertForSequenceClassification(tiny_config.replace(num_labels=3)).eval()
+    lengths = [7, 7, 5, 3, 3, 3, 9, 1]
+    ids = torch.randint(1, tiny_config.vocab_size, (sum(lengths),))
+    types = torch.zeros_like(ids)
+    packed = Packed.from_lengths(lengths)
+    with torch.no_grad():
+        full = model.bert.forward_packed(ids, types, packed)
+        cut = model.bert.forward_packed(ids, types, packed, first_only=True)
+        assert cut.hidden.shape == (len(lengths), tiny_config.hidden_size)
+        assert (cut.hidden - full.hidden[packed.starts]).abs().max() <= 1e-5
+        assert (cut.pooler_output - full.pooler_output).abs().max() <= 1e-5
+        logits = model.forward_packed(ids, types, packed).logits  # (B, K), through first_only
+        for i, n in enumerate(lengths):
+            start = int(packed.starts[i])
+            alone = model(ids[None, start:start + n], types[None, start:start + n]).logits
+            assert (logits[i] - alone[0]).abs().max() <= 1e-5

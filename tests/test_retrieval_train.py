@@ -115,7 +115,8 @@ def test_cross_encoder_trains_with_bm25_negatives_and_loads_in_sentence_transfor
                                     negatives=2, loss=loss, progress=False, max_length=32)
     assert summary["train_examples"] == 24 * 3  # each positive with 2 mined negatives
     assert summary["steps"] == 4 * math.ceil(24 * (3 if loss == "bce" else 1) / batch_size)
-    assert _mean_loss(out / "steps.jsonl", 4) < _mean_loss(out / "steps.jsonl", 1)
+    # (No loss check here: a query's first two words against BM25's negatives, which share them,
+    # is beyond a random 2-layer model in 16 steps; test_rerank_losses_learn has a learnable set.)
     # Pairs are scored at the length they were trained at, by us and by sentence-transformers.
     assert load_reranker(out).max_length == 32
     model = CrossEncoder(str(out), device="cpu")
@@ -127,6 +128,23 @@ def test_cross_encoder_trains_with_bm25_negatives_and_loads_in_sentence_transfor
     for row in ours:
         got[row["index"]] = row["score"]
     np.testing.assert_allclose(got, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss, batch_size, epochs", [("bce", 16, 16), ("listwise", 6, 8)])
+def test_rerank_losses_learn(tmp_path, loss, batch_size, epochs):
+    """Relevance a tiny model can learn (every positive ends in "music", no negative has it):
+    each loss must fall far below its start, not merely wobble below it."""
+    base = tiny_encoder(tmp_path / "base")
+    texts = [t for t in sentences(400, seed=11) if "music" not in t.split()][:72]
+    rows = [{"query": " ".join(t.split()[:2]), "positive": f"{t} music",
+             "negatives": [texts[24 + 2 * i], texts[25 + 2 * i]]} for i, t in enumerate(texts[:24])]
+    train = tmp_path / "p.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "ce"
+    rt.finetune_retrieval(task="rerank", model=str(base), train=str(train), out_dir=str(out), epochs=epochs,
+                          batch_size=batch_size, lr=1e-2, negatives=2, loss=loss, progress=False, max_length=32)
+    first, last = _mean_loss(out / "steps.jsonl", 1), _mean_loss(out / "steps.jsonl", epochs)
+    assert last < 0.3 * first, (first, last)
 
 
 def test_listwise_loss_by_hand():

@@ -104,7 +104,7 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
         """labels: (B,) long class ids; (B,) float targets for regression; (B, K) float multi-label."""
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, first_only=True)  # the head reads [CLS] only
         logits = self.sentence_logits(out.last_hidden_state[:, 0], out.pooler_output)  # (B, K)
         loss = None
         if labels is not None:
@@ -120,8 +120,8 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                        packed: Packed) -> ClassifierOutput:
         """Inference over packed sequences (see `BertModel.forward_packed`): logits (B, K)."""
-        out = self.bert.forward_packed(input_ids, token_type_ids, packed)
-        logits = self.sentence_logits(out.hidden[packed.starts], out.pooler_output)  # (B, K)
+        out = self.bert.forward_packed(input_ids, token_type_ids, packed, first_only=True)
+        logits = self.sentence_logits(out.hidden, out.pooler_output)  # (B, K)
         return ClassifierOutput(loss=None, logits=logits)
 
 

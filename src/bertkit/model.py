@@ -77,13 +77,13 @@ def activation(name: str):
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class BertOutput:
-    last_hidden_state: torch.Tensor  # (B, T, H) float; zeros at padding positions
+    last_hidden_state: torch.Tensor  # (B, T, H) float; zeros at padding positions; (B, 1, H) under first_only
     pooler_output: torch.Tensor | None  # (B, H) tanh(dense([CLS])); None without a pooler
 
 
 @dataclass
 class PackedOutput:
-    hidden: torch.Tensor  # (N, H) float: every real token of every sequence, in packed order
+    hidden: torch.Tensor  # (N, H) float: every real token of every sequence, in packed order; (B, H) first tokens under first_only
     pooler_output: torch.Tensor | None  # (B, H) tanh(dense([CLS])) per sequence; None without a pooler
 
 
@@ -190,6 +190,11 @@ class Padding:
         index = mask.flatten().nonzero().squeeze(1)  # (N,)
         return cls(index=index, key_mask=mask[:, None, None, :], batch=batch, length=length)
 
+    def first_rows(self) -> torch.Tensor:
+        """(B,) long: the row of each sequence's first token among the N real ones (right padding)."""
+        lengths = self.key_mask.view(self.batch, self.length).sum(1)  # (B,)
+        return lengths.cumsum(0) - lengths
+
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, D) → (B, T, D) with zeros at padding positions."""
         out = packed.new_zeros(self.batch * self.length, packed.shape[-1])
@@ -259,6 +264,20 @@ class Packed:
             y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
             # written in place: no concatenation of the runs' outputs afterwards
             out[rows].view(count, length, nh, hs).copy_(y.transpose(1, 2))
+        return out
+
+    def attend_first(self, layer: "EncoderLayer", qkv: torch.Tensor) -> torch.Tensor:
+        """(N, 3H) fused projections → (B, H): attention of each sequence's first token alone."""
+        nh, hs = layer.num_heads, layer.head_dim
+        out = qkv.new_empty(len(self.lengths), nh * hs)  # (B, H)
+        done = 0
+        for first, count, length in self.runs:
+            block = qkv[first:first + count * length].view(count, length, 3, nh, hs)  # a view
+            q = block[:, :1, 0].transpose(1, 2)  # (c, nh, 1, hs)
+            k, v = block[:, :, 1].transpose(1, 2), block[:, :, 2].transpose(1, 2)  # (c, nh, L, hs)
+            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, 1, hs)
+            out[done:done + count] = y.reshape(count, nh * hs)
+            done += count
         return out
 
 
@@ -350,6 +369,27 @@ class EncoderLayer(nn.Module):
         """x: (N, H) packed sequences → (N, H); attention never sees another sequence or padding."""
         return self.feed_forward(x, packed.attend(self, self.qkv(x)))
 
+    def forward_first(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int) -> torch.Tensor:
+        """`forward`'s output at each sequence's first token only: x as `forward` takes it → (B, H).
+
+        Exact, not an approximation: that row reads every token's keys and values, which need only
+        this layer's input, while its query, attention output and feed-forward are its own. What a
+        [CLS] head reads, for the last layer's cost of K and V (a sixth of the layer, plus the
+        query rows: the fused projection runs whole, so LoRA and int8 layers work unchanged).
+        """
+        qkv = self.qkv(x)  # (N, 3H)
+        qkv = qkv.view(batch, length, -1) if padding is None else padding.pad(qkv)  # (B, T, 3H)
+        q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)
+                   .permute(2, 0, 3, 1, 4).unbind(0))  # (B, nh, T, hs) each
+        key_mask = None if padding is None else padding.key_mask
+        y = ops.attention(q[:, :, :1], k, v, key_mask, self.attention_dropout, self.training)  # (B, nh, 1, hs)
+        first = x.view(batch, length, -1)[:, 0] if padding is None else x[padding.first_rows()]  # (B, H)
+        return self.feed_forward(first, y.reshape(batch, -1))  # (B, H)
+
+    def forward_packed_first(self, x: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """`forward_packed`'s output at each sequence's first token only (see `forward_first`) → (B, H)."""
+        return self.feed_forward(x[packed.starts], packed.attend_first(self, self.qkv(x)))
+
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: x, y (N, H) → (N, H)."""
         x = self.attn_norm(x + self.dropout(self.attn_out(y)))  # (N, H)
@@ -389,10 +429,13 @@ class BertModel(PretrainedMixin, nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, *, sparse_word_grad: bool = False) -> BertOutput:
+                attention_mask: torch.Tensor | None = None, *, sparse_word_grad: bool = False,
+                first_only: bool = False) -> BertOutput:
         """
         input_ids: (B, T) long token ids; token_type_ids: (B, T) long segment ids (default 0);
         attention_mask: (B, T) 1 = token, 0 = padding (default all 1).
+        first_only: the last layer computes the first token's state alone (what a [CLS] head
+        reads; `EncoderLayer.forward_first`), and last_hidden_state is (B, 1, H).
         sparse_word_grad: for the MLM models, whose loss also uses word_embeddings.weight densely
         (the tied decoder): the lookup's gradient is handed back as sparse rows, which autograd adds
         in place into the decoder's dense (V, H) gradient, instead of a zero-filled (V, H) tensor of
@@ -410,27 +453,36 @@ class BertModel(PretrainedMixin, nn.Module):
         x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
-        for i in self.schedule:
+        schedule = self.schedule[:-1] if first_only else self.schedule
+        for i in schedule:
             x = self.layers[i](x, padding, batch, length)  # (N, H)
-        hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
+        if first_only:
+            hidden = self.layers[self.schedule[-1]].forward_first(x, padding, batch, length)[:, None]  # (B, 1, H)
+        else:
+            hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
 
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None  # (B, H)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
 
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                       packed: Packed) -> "PackedOutput":
+                       packed: Packed, first_only: bool = False) -> "PackedOutput":
         """The encoder over sequences laid end to end (see `Packed`): no padding, attention included.
 
         input_ids, token_type_ids: (N,) long for the N tokens of all sequences; packed: their
         lengths. Hidden states equal `forward`'s on each sequence alone (fp32: within 1e-5).
+        first_only: the last layer computes each sequence's first token alone, and `hidden` is
+        (B, H), one row per sequence (see `forward`).
         """
         check_packed(self.config, input_ids, token_type_ids, packed)
         x = self.embeddings.forward_packed(input_ids, token_type_ids, packed.position_ids)  # (N, E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
-        for i in self.schedule:
+        for i in (self.schedule[:-1] if first_only else self.schedule):
             x = self.layers[i].forward_packed(x, packed)  # (N, H)
-        pooled = torch.tanh(self.pooler(x[packed.starts])) if self.pooler is not None else None  # (B, H)
+        if first_only:
+            x = self.layers[self.schedule[-1]].forward_packed_first(x, packed)  # (B, H)
+        first = x if first_only else x[packed.starts]  # (B, H)
+        pooled = torch.tanh(self.pooler(first)) if self.pooler is not None else None  # (B, H)
         return PackedOutput(hidden=x, pooler_output=pooled)
 
     def compile_layers(self) -> None:
