@@ -141,13 +141,17 @@ class Server:
                 self.proc.wait(10)
 
 
-def servers(model: Path, threads: int, wanted: list[str], infinity_python: str | None = None
-            ) -> tuple[list[Server], list[str]]:
+INFINITY_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
+
+
+def servers(model: Path, threads: int, wanted: list[str], infinity_python: str | None = None,
+            precision: str = "fp32") -> tuple[list[Server], list[str]]:
     python = sys.executable
     found, notes = [], []
     table = {
         "bertkit": Server("bertkit serve", [python, "-m", "bertkit.cli", "serve", f"minilm={model}",
-                                            "--port", "{PORT}", "--threads", str(threads)], "/embed", "inputs"),
+                                            "--port", "{PORT}", "--threads", str(threads),
+                                            "--precision", precision], "/embed", "inputs"),
         "st-async": Server("fastapi+st async", [python, __file__, "--peer-server", "st-async", "--port",
                                                 "{PORT}", "--threads", str(threads)], "/embed", "inputs"),
         "st-sync": Server("fastapi+st def", [python, __file__, "--peer-server", "st-sync", "--port",
@@ -163,7 +167,8 @@ def servers(model: Path, threads: int, wanted: list[str], infinity_python: str |
                              "'infinity-emb[server,torch]' there, or pass --infinity-python VENV/bin/python)")
                 continue
             found.append(Server("infinity", [peer_python, "-m", "infinity_emb.cli", "v2", "--model-id", str(model),
-                                             "--port", "{PORT}", "--engine", "torch", "--device", "cpu"],
+                                             "--port", "{PORT}", "--engine", "torch", "--device", "cpu",
+                                             "--dtype", INFINITY_DTYPES[precision]],
                                 "/embeddings", "input", env={"OMP_NUM_THREADS": str(threads)}))
         else:
             found.append(table[name])
@@ -257,6 +262,9 @@ def main() -> None:
     p.add_argument("--peers", default="st-async,st-sync,infinity")
     p.add_argument("--infinity-python", default=None, metavar="PYTHON",
                    help="the interpreter of a venv with infinity-emb (e.g. .venv-bench-infinity/bin/python)")
+    p.add_argument("--precision", choices=sorted(INFINITY_DTYPES), default="fp32",
+                   help="bertkit's --precision and infinity's --dtype (the sentence-transformers "
+                   "endpoints stay fp32, as written by most users) (fp32)")
     p.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                    help="bertkit alone at 64 clients for MINUTES: errors and resident memory")
     p.add_argument("--peer-server", choices=["st-async", "st-sync"], help=argparse.SUPPRESS)
@@ -279,7 +287,7 @@ def main() -> None:
     if args.soak:
         return soak(model, texts, lengths, args)
     chosen, notes = servers(model, args.threads, ["bertkit", *[x for x in args.peers.split(",") if x]],
-                            args.infinity_python)
+                            args.infinity_python, args.precision)
     for note in notes:
         print(note)
     print(f"{'server':18} {'clients':>7} {'req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  errors")
@@ -312,7 +320,7 @@ def main() -> None:
 
 
 def soak(model: Path, texts: list[str], lengths: list[int], args) -> None:
-    server, _ = servers(model, args.threads, ["bertkit"])
+    server, _ = servers(model, args.threads, ["bertkit"], precision=args.precision)
     server = server[0]
     server.start(free_port())
     try:
@@ -320,17 +328,21 @@ def soak(model: Path, texts: list[str], lengths: list[int], args) -> None:
         start_rss = server.rss_mib()
         end = time.monotonic() + args.soak * 60
         totals: dict = {}
+        first_minute_rss = None
         while time.monotonic() < end:
             level = asyncio.run(load(server, texts, lengths, 64, 100_000, min(60.0, end - time.monotonic())))
             for k, v in level.statuses.items():
                 totals[k] = totals.get(k, 0) + v
+            first_minute_rss = first_minute_rss or server.rss_mib()
             print(level.row(), f"rss {server.rss_mib():.0f} MiB", flush=True)
         end_rss = server.rss_mib()
     finally:
         server.stop()
     errors = {k: v for k, v in totals.items() if k != 200}
     print(f"soak {args.soak:g} min at 64 clients: {totals.get(200, 0)} ok, errors {errors or 'none'}; "
-          f"resident memory {start_rss:.0f} → {end_rss:.0f} MiB ({(end_rss / start_rss - 1) * 100:+.1f}%)")
+          f"resident memory {start_rss:.0f} → {end_rss:.0f} MiB ({(end_rss / start_rss - 1) * 100:+.1f}%; "
+          f"after the first minute {first_minute_rss:.0f} MiB, then {(end_rss / first_minute_rss - 1) * 100:+.1f}%: "
+          "the first batches of each size grow the allocator's pools once)")
 
 
 if __name__ == "__main__":

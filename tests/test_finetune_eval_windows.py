@@ -59,3 +59,12 @@ def test_predict_reads_every_window_whatever_eval_windows_says(pieces, windows_s
 def test_eval_windows_must_be_a_bool():
     with pytest.raises(ValueError, match="eval_windows must be True or False"):
         FinetuneConfig(task="classify", model="tiny", train="t.jsonl", out_dir="o", eval_windows="no")
+
+
+def test_cli_flag_reaches_the_config():
+    from bertkit.cli import build_parser
+
+    base = ["finetune", "--task", "classify", "--model", "m", "--dataset", "en-news", "--out", "o"]
+    assert "eval_windows" not in vars(build_parser().parse_args(base))  # the config's default: True
+    assert build_parser().parse_args(base + ["--eval-first-window"]).eval_windows is False
+    assert FinetuneConfig.eval_windows is True

@@ -707,6 +707,10 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--version-2-with-negative", action="store_true",
                    help="qa: allow 'no answer' even if the training file is v1.1")
     p.add_argument("--eval-batch-size", type=int, help="windows per evaluation batch (64)")
+    p.add_argument("--eval-first-window", action="store_false", dest="eval_windows",
+                   help="classify/pair evaluation: score each text's first --max-length pieces only, as "
+                   "training reads it (default: every window, probabilities averaged; BBC articles at "
+                   "128 pieces have ~7 windows each)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
                    help="auto = bf16 on CUDA; on CPU the faster of fp32 / bf16, measured here")

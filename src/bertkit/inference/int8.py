@@ -177,7 +177,8 @@ _FUSED = _FusedKernels()
 class Int8EncoderLayer(EncoderLayer):
     """An encoder layer whose Linears are Int8Linear, with the feed-forward run block by block.
 
-    Per block of rows: quantize x, ffn_in's int8 GEMM, then dequantize + activation + quantize in
+    Per block of rows: the attention output's int8 GEMM, dequantized + residual + LayerNorm in one
+    fused kernel; quantize that, ffn_in's int8 GEMM, then dequantize + activation + quantize in
     one fused kernel (the (rows, I) intermediate never goes to memory as floats), ffn_out's GEMM,
     then dequantize + residual + LayerNorm fused. Every step is per row, so the result equals the
     layer's own int8 forward (the same formulas, evaluated in another order: within float
@@ -185,7 +186,6 @@ class Int8EncoderLayer(EncoderLayer):
     """
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x = self.attn_norm(x + self.attn_out(y))  # (N, H)
         quantize, _ = _KERNELS.get()
         fused_act, fused_norm = _FUSED.feed_forward(self.act)
         ffn_in, ffn_out, norm = self.ffn_in, self.ffn_out, self.ffn_norm
@@ -193,12 +193,18 @@ class Int8EncoderLayer(EncoderLayer):
         out = torch.empty_like(x) if x.shape[0] > rows else None  # (N, H)
         for start in range(0, x.shape[0], rows):
             block = slice(start, start + rows)
-            q, scale, zero = quantize(x[block])  # (rows, H) int8
+            # the attention output's projection, dequantized into residual + LayerNorm (fused)
+            q, scale, zero = quantize(y[block].float())  # (rows, H) int8
+            acc = torch._int_mm(q, self.attn_out.qweight_t)  # (rows, H) int32
+            a = fused_norm(acc, scale, zero, self.attn_out.weight_scale, self.attn_out.column_sums,
+                           self.attn_out.bias, x[block], self.attn_norm.weight, self.attn_norm.bias,
+                           self.attn_norm.eps)  # (rows, H)
+            q, scale, zero = quantize(a)  # (rows, H) int8
             acc = torch._int_mm(q, ffn_in.qweight_t)  # (rows, I) int32
             q, scale, zero = fused_act(acc, scale, zero, ffn_in.weight_scale, ffn_in.column_sums, ffn_in.bias)
             acc = torch._int_mm(q, ffn_out.qweight_t)  # (rows, H) int32
             h = fused_norm(acc, scale, zero, ffn_out.weight_scale, ffn_out.column_sums, ffn_out.bias,
-                           x[block], norm.weight, norm.bias, norm.eps)  # (rows, H)
+                           a, norm.weight, norm.bias, norm.eps)  # (rows, H)
             if out is None:
                 return h
             out[block] = h
