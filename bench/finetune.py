@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "runs": runs, "speedup": speedup, "step_ratio": step_ratio,
                                                   "accuracy_gap_points": gap, "accuracy_gaps_by_round": gaps})
     print(f"train steps/s ratio: {step_ratio:.2f}×; test accuracy ours − peer: {gap:+.2f} points over "
-          f"{len(gaps)} round(s){error} ({'equal' if abs(gap) <= 0.5 else 'not equal'} within 0.5)")
+          f"{len(gaps)} round(s){error} ({'equal within 0.5' if abs(gap) <= 0.5 else 'ours higher' if gap > 0 else 'ours lower'})")
     print(f"whole-run speedup: {speedup:.2f}×")
     return 0
 
