@@ -729,14 +729,9 @@ def _resume_point(config: FinetuneConfig, out: Path) -> Path | None:
         log.info("no training state in %s yet; starting from step 0", out)
         return None
     saved_path = out / CONFIG_FILE
-    saved = json.loads(saved_path.read_text(encoding="utf-8")) if saved_path.is_file() else {}
-    current = config.to_dict()
-    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in changed)
-        raise ValueError(f"cannot resume {out} with different settings ({details}; saved in "
-                         f"{saved_path}). Resume with the original settings, or start over with "
-                         "--overwrite")
+    train_state.check_same_settings(out, train_state.saved_settings(saved_path), config.to_dict(), saved_path,
+                                    set(RESUMABLE_CHANGES), "Resume with the original settings, or "
+                                    "start over with --overwrite")
     return checkpoint
 
 

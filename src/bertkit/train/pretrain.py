@@ -340,16 +340,12 @@ def prepare_run_dir(config: PretrainConfig) -> None:
 
 def check_resume_config(saved: dict[str, Any], config: PretrainConfig, source: Path) -> None:
     """A resumed run must make the same updates: only operational settings may differ."""
-    current = config.to_dict()
     # Neither path is compared: `runD/`, `runD` and /abs/runD are one directory, a run directory
     # may be moved, and the data are compared by their digest (see `_resume`).
-    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and k not in ("data", "out")
-                     and saved.get(k) != current[k])
-    if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in changed)
-        raise ValueError(f"cannot resume {config.out} with different settings ({details}; saved in "
-                         f"{source}). Resume with the original settings, or start a new run with "
-                         f"--init {Path(config.out) / state.MODEL}")
+    state.check_same_settings(config.out, saved, config.to_dict(), source,
+                              set(RESUMABLE_CHANGES) | {"data", "out"},
+                              "Resume with the original settings, or start a new run with "
+                              f"--init {Path(config.out) / state.MODEL}")
 
 
 # ---------------------------------------------------------------------------------------------

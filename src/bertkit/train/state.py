@@ -236,6 +236,23 @@ def check_output_dir(run_dir: str | os.PathLike, need_bytes: int) -> None:
                          "another --out")
 
 
+# ------------------------------------------------------------------------------ resume check
+def check_same_settings(out: str | os.PathLike, saved: dict[str, Any], current: dict[str, Any],
+                        source: Path, may_differ: set[str] | frozenset[str], fix: str) -> None:
+    """A resumed run must make the same updates as the one it continues: every setting but the
+    operational ones (`may_differ`: threads, progress, save interval, ...) as `saved` in `source`.
+    `fix`: the sentence that ends the error, saying what to do instead."""
+    changed = sorted(k for k in current if k not in may_differ and saved.get(k) != current[k])
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in changed)
+        raise ValueError(f"cannot resume {out} with different settings ({details}; saved in {source}). {fix}")
+
+
+def saved_settings(path: Path) -> dict[str, Any]:
+    """The settings a run wrote at its start ({} when it had not yet written them)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 # ------------------------------------------------------------------------------- metrics log
 METRICS = "metrics.jsonl"
 
