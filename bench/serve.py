@@ -341,8 +341,7 @@ def soak(model: Path, texts: list[str], lengths: list[int], args) -> None:
     errors = {k: v for k, v in totals.items() if k != 200}
     print(f"soak {args.soak:g} min at 64 clients: {totals.get(200, 0)} ok, errors {errors or 'none'}; "
           f"resident memory {start_rss:.0f} → {end_rss:.0f} MiB ({(end_rss / start_rss - 1) * 100:+.1f}%; "
-          f"after the first minute {first_minute_rss:.0f} MiB, then {(end_rss / first_minute_rss - 1) * 100:+.1f}%: "
-          "the first batches of each size grow the allocator's pools once)")
+          f"from the end of the first minute, {first_minute_rss:.0f} MiB: {(end_rss / first_minute_rss - 1) * 100:+.1f}%)")
 
 
 if __name__ == "__main__":

@@ -412,3 +412,19 @@ def test_api_key_is_required_except_on_health(models):
         assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert c.get("/metrics").status_code == 401
         assert c.get("/health").status_code == 200
+
+
+def test_freed_heap_memory_is_given_back_between_runs(models, monkeypatch):
+    """On glibc the model thread calls malloc_trim at most every TRIM_EVERY seconds, timed in /metrics."""
+    from bertkit.serve import scheduler
+
+    if scheduler._trimmer() is None:
+        pytest.skip("not glibc: there is no malloc_trim to call")
+    monkeypatch.setattr(scheduler, "TRIM_EVERY", 0.0)  # after every run
+    service = Service({"minilm": models["minilm"]})
+    with running(service) as c:
+        for s in SENTENCES[:3]:
+            assert c.post("/embed", json={"inputs": s}).status_code == 200
+        text = c.get("/metrics").text
+    count = next(line for line in text.splitlines() if line.startswith("bertkit_memory_trim_duration_seconds_count"))
+    assert float(count.split()[-1]) >= 3

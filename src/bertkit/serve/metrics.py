@@ -41,6 +41,9 @@ class Metrics:
                                       buckets=TOKENS, registry=r)
         self.batch_requests = Histogram("bertkit_batch_requests", "requests merged into one model "
                                         "run", ["model", "use"], buckets=SIZES, registry=r)
+        self.trim_seconds = Histogram("bertkit_memory_trim_duration_seconds", "time the model thread "
+                                      "spent giving freed C heap memory back to the OS (malloc_trim)",
+                                      buckets=SECONDS, registry=r)
         self.queue_size = Gauge("bertkit_queue_size", "requests waiting for the model thread", registry=r)
         self.in_flight = Gauge("bertkit_inputs_in_flight", "admitted inputs not yet answered", registry=r)
 

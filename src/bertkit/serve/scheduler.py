@@ -31,6 +31,28 @@ from bertkit.serve.runners import RUNNERS
 
 log = logging.getLogger(__name__)
 
+TRIM_EVERY = 2.0  # seconds between giving the C heap's free memory back to the OS (see _trimmer)
+
+
+def _trimmer() -> Callable[[], Any] | None:
+    """glibc's malloc_trim, or None elsewhere.
+
+    Why: tensors of every batch shape come and go on several threads (the model thread, torch's
+    workers, the tokenizer's), and glibc keeps what they freed in its per-thread arenas. Measured
+    on MiniLM at 64 clients for 10 minutes: resident memory 742 MiB after the first minute, 1,281
+    at the end, still rising; with a fixed mmap threshold instead (MALLOC_MMAP_THRESHOLD_) it
+    stayed at ~385 MiB but every large tensor paid for a fresh mapping (-20% requests/s).
+    malloc_trim(0) every TRIM_EVERY seconds returns the free pages for a few milliseconds' work.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
+        return None
+
 
 @dataclass
 class Job:
@@ -60,6 +82,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="bertkit-model", daemon=True)
         self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="bertkit-tokenize")
         self.runs = 0  # runner calls made (each one or more engine batches)
+        self._trim, self._trimmed = _trimmer(), time.monotonic()
         self._thread.start()
 
     # -- the event loop's side ---------------------------------------------------------------
@@ -122,6 +145,11 @@ class Scheduler:
                 groups.setdefault(job.group, []).append(job)
             for group in groups.values():
                 self._run(group)
+            if self._trim is not None and time.monotonic() - self._trimmed > TRIM_EVERY:
+                start = time.monotonic()
+                self._trim(0)
+                self._trimmed = time.monotonic()
+                self.metrics.trim_seconds.observe(self._trimmed - start)
 
     def _run(self, jobs: list[Job]) -> None:
         jobs = [j for j in jobs if not j.future.done()]
