@@ -15,6 +15,8 @@ other work loads all three alike; the median round is reported.
 
     python bench/distill.py                                   # full train split, 3 epochs
     python bench/distill.py --train-examples 400 --epochs 2   # a quick run
+    python bench/distill.py --train-examples 200 --unlabeled-rest   # few labels, the rest as
+                                                              # text for the teacher to label
 
 Goal (issue 17): the distilled student keeps >= 97% of the teacher's test accuracy at >= 1.8× its
 throughput, and beats the labels-only student. Prints a table and the goals last; results go to
@@ -35,7 +37,7 @@ from pathlib import Path
 import torch
 
 from bertkit.data.labelled import load_labelled
-from bertkit.fileio import atomic_write_json
+from bertkit.fileio import atomic_write_json, atomic_write_text
 from bertkit.inference.classify import logits as classify_logits
 from bertkit.inference.engine import Engine
 from bertkit.train.distill import DistillConfig, distill
@@ -83,9 +85,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="weight of the gold labels in the distilled student's loss (0: soft labels only)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved throughput rounds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--unlabeled-rest", action="store_true",
+                        help="with --train-examples N: the rest of the train split, labels dropped, joins "
+                        "the distilled student's inputs (soft labels from the teacher only); the teacher "
+                        "and the labels-only student see the N labelled articles alone")
     parser.add_argument("--keep", action="store_true",
                         help="reuse the finished runs in OUT (teacher, students) and only measure")
     args = parser.parse_args(argv)
+    if args.unlabeled_rest and not args.train_examples:
+        parser.error("--unlabeled-rest needs --train-examples N (the articles after the first N are the rest)")
 
     base = args.base or minilm_dir()
     out = args.out
@@ -111,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
     students = {"distilled": dict(alpha_ce=1.0, alpha_hard=args.alpha_hard, alpha_cos=0.0),
                 "labels only": dict(alpha_ce=0.0, alpha_hard=1.0, alpha_cos=0.0)}
+    if args.unlabeled_rest:
+        import json
+
+        rest = load_labelled("en-news", "train")[args.train_examples:]
+        unlabeled = out / "unlabeled.jsonl"
+        atomic_write_text(unlabeled, "".join(json.dumps({"text": e.text}) + "\n" for e in rest))
+        students["distilled"]["unlabeled"] = str(unlabeled)
+        print(f"distilled student: {args.train_examples} labelled articles + {len(rest)} unlabeled", flush=True)
     for name, alphas in students.items():
         run_dir = out / name.replace(" ", "_")
         if args.keep and (run_dir / "summary.json").is_file():
