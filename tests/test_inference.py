@@ -89,6 +89,11 @@ def test_long_texts_are_truncated_with_a_count_or_refused(minilm_dir, caplog):
         embed(engine, [long_text, "short"])
     assert "1 of 2 inputs were longer than 256 tokens and were truncated" in caplog.text
     assert engine.stats.truncated == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # said once per engine; later ones are only counted
+        embed(engine, [long_text, long_text])
+    assert "truncated" not in caplog.text
+    assert engine.stats.truncated == 3
     with pytest.raises(ValueError, match="exceed the model's limit of 256 tokens.*--truncate"):
         embed(Engine.load(minilm_dir, truncate=False), [long_text])
 

@@ -224,9 +224,14 @@ class Engine:
                              f"{self.max_length} tokens (input {i} is one); shorten them or allow "
                              "truncation (--truncate)")
         if long:
+            # Said once per engine: a reranker or a server truncates on every call, and a warning
+            # per call buries the rest of the log. The count goes on in stats.truncated.
+            first = self.stats.truncated == 0
             self.stats.truncated += len(long)
-            log.warning("%d of %d inputs were longer than %d tokens and were truncated",
-                        len(long), len(encodings), self.max_length)
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "%d of %d inputs were longer than %d tokens and were truncated%s", len(long),
+                    len(encodings), self.max_length,
+                    " (later truncations by this engine are counted in its stats, not logged)" if first else "")
         return encodings
 
     # -- the forward ---------------------------------------------------------------------------
