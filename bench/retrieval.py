@@ -9,12 +9,15 @@ fine-tuned as a bi-encoder, each ± a cross-encoder fine-tuned from MiniLM.
                 from MiniLM's encoder on train queries, each with hard negatives drawn afresh
                 every epoch from the top 30 of the whole corpus (--rerank-mine: BM25, or the
                 first stage the reranker will reorder), listwise loss by default
+  fused         the same candidates ordered by both stages' scores (bertkit.retrieval.fuse_scores:
+                w · reranker + (1 − w) · first stage, each standardised per query), w picked
+                from WEIGHTS by MRR@10 on the dev queries, then scored once on test
 
 Metrics on the test queries, each against the whole corpus (every body; one relevant each):
 MRR@10, Recall@1/10/100, nDCG@10. Latency: ms per query to embed + search the corpus, and ms
 to rerank 100 candidates (timed on 100 candidates of each of the first --latency-queries test
 queries, pairs cut at the length the reranker was trained at). Last line: one JSON object of
-English MRR@10.
+English MRR@10 (with "fused" when dev queries were scored).
 
     python bench/retrieval.py                        # the defaults: every train / test query
     python bench/retrieval.py --train-queries 400 --rerank-queries 200 --test-queries 100  # quick
@@ -38,10 +41,11 @@ from bertkit.inference import Engine, embed, rerank
 from bertkit.retrieval.bm25 import BM25, tokenize
 from bertkit.retrieval.datasets import load_retrieval
 from bertkit.retrieval.metrics import evaluate_run
-from bertkit.retrieval.search import load_reranker, top_k_inner_product
+from bertkit.retrieval.search import fuse_scores, load_reranker, top_k_inner_product
 from bertkit.train.retrieval import finetune_retrieval
 
 SETS = {"en": "en-news-retrieval", "zh": "zh-news-retrieval"}
+WEIGHTS = (1.0, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # reranker share of the fused score, tried on dev
 
 
 def write_pairs(path: Path, queries, negatives=None) -> Path:
@@ -55,17 +59,57 @@ def write_pairs(path: Path, queries, negatives=None) -> Path:
 
 def dense_run(model, ids, texts, queries, max_length, k=100):
     """Exact search of every test query; returns (run, ms per query to embed + search, a function
-    giving the top-k corpus rows of more queries with the same engine and corpus vectors)."""
+    giving the top-k corpus rows of more queries with the same engine and corpus vectors, one
+    giving (scores, rows) of them)."""
     engine = Engine.load(model, task="embed", max_length=max_length)
     vectors = embed(engine, texts).numpy()  # (N, H) the corpus, embedded once per model
 
+    def scored(query_texts, k=k):
+        found = top_k_inner_product(vectors, embed(engine, list(query_texts)).numpy(), k)
+        return found[0].tolist(), found[1].tolist()
+
     def top(query_texts, k=k):
-        return top_k_inner_product(vectors, embed(engine, list(query_texts)).numpy(), k)[1].tolist()
+        return scored(query_texts, k)[1]
 
     tick = time.perf_counter()
     rows = top([q.text for q in queries])
     ms = (time.perf_counter() - tick) * 1000 / len(queries)
-    return {q.id: [ids[r] for r in row] for q, row in zip(queries, rows)}, ms, top
+    return {q.id: [ids[r] for r in row] for q, row in zip(queries, rows)}, ms, top, scored
+
+
+def bm25_scored(bm25):
+    """(scores, rows) of the top k of each query by BM25, as dense_run's `scored`."""
+    def scored(query_texts, k=100):
+        out_s, out_r = [], []
+        for text in query_texts:
+            rows = bm25.top_k(text, k)
+            out_r.append(rows)
+            out_s.append(bm25.scores(text)[rows].tolist())
+        return out_s, out_r
+    return scored
+
+
+def rerank_candidates(reranker, queries, scored, texts, candidates):
+    """Each query's first-stage top `candidates`: (rows, first-stage scores, reranker logits)."""
+    first_s, first_r = scored([q.text for q in queries], candidates)
+    out = []
+    for q, s, rows in zip(queries, first_s, first_r):
+        logits = np.empty(len(rows))
+        for h in rerank(reranker, q.text, [texts[r] for r in rows], raw_scores=True):
+            logits[h["index"]] = h["score"]
+        out.append((rows, np.array(s), logits))
+    return out
+
+
+def reordered(queries, scored_candidates, ids, weight, rest=None):
+    """Runs ordered by fuse_scores at `weight` (1: the reranker alone); `rest`: each query's
+    first-stage results past the candidates, appended unchanged."""
+    run = {}
+    for q, (rows, first, logits) in zip(queries, scored_candidates):
+        final = fuse_scores(first, logits, weight)
+        order = sorted(range(len(rows)), key=lambda i: (-final[i], i))
+        run[q.id] = [ids[rows[i]] for i in order] + (rest[q.id] if rest else [])
+    return run
 
 
 def main() -> int:
@@ -83,7 +127,7 @@ def main() -> int:
     ap.add_argument("--rerank-loss", choices=["listwise", "bce"], default="listwise")
     ap.add_argument("--rerank-lr", type=float, default=3e-4)
     ap.add_argument("--rerank-negatives", type=int, default=3, help="hard negatives per query")
-    ap.add_argument("--rerank-epochs", type=int, default=1)
+    ap.add_argument("--rerank-epochs", type=int, default=2)
     ap.add_argument("--rerank-mine", choices=["bm25", "first"], default="bm25",
                     help="negatives from BM25's top 30 of the corpus, or the best first stage's")
     ap.add_argument("--rerank-max-length", type=int, default=128, help="pieces per query + passage pair")
@@ -92,6 +136,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=1, help="bi-encoder epochs")
     ap.add_argument("--max-length", type=int, default=128, help="pieces per passage (bi-encoders)")
     ap.add_argument("--candidates", type=int, default=20, help="first-stage results reranked")
+    ap.add_argument("--dev-queries", type=int, default=206,
+                    help="dev queries the fused row's weight is picked on (all; 0: no fused row)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="runs/bench_retrieval")
     args = ap.parse_args()
@@ -126,7 +172,8 @@ def main() -> int:
 
         runs = {"bm25": {q: [ids[r] for r in rows] for q, rows in bm_rows.items()}}
         tops = {"bm25": lambda query_texts, k=100: [bm25.top_k(t, k) for t in query_texts]}
-        runs["biencoder"], latency["biencoder"], tops["biencoder"] = dense_run(
+        scoreds = {"bm25": bm25_scored(bm25)}
+        runs["biencoder"], latency["biencoder"], tops["biencoder"], scoreds["biencoder"] = dense_run(
             minilm, ids, texts, test, args.max_length)
         results["biencoder"] = evaluate_run(runs["biencoder"], qrels)
         print(f"[{lang}] MiniLM done ({time.time() - started:.0f} s)", flush=True)
@@ -139,7 +186,7 @@ def main() -> int:
                                      progress=False)
         print(f"[{lang}] bi-encoder fine-tuned: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
               f"{summary['last_loss']:.3f} ({summary['seconds']:.0f} s)", flush=True)
-        runs["biencoder_ft"], latency["biencoder_ft"], tops["biencoder_ft"] = dense_run(
+        runs["biencoder_ft"], latency["biencoder_ft"], tops["biencoder_ft"], scoreds["biencoder_ft"] = dense_run(
             ft_dir, ids, texts, test, args.max_length)
         results["biencoder_ft"] = evaluate_run(runs["biencoder_ft"], qrels)
         first = max(("bm25", "biencoder", "biencoder_ft"), key=lambda n: results[n]["mrr@10"])
@@ -163,12 +210,21 @@ def main() -> int:
               f"{summary['last_loss']:.3f} ({summary['seconds']:.0f} s)", flush=True)
         first_run = runs[first]
         reranker = load_reranker(ce_dir)  # pairs cut at the length it was trained at
-        reranked = {}
-        for q in test:
-            cands = first_run[q.id][:args.candidates]
-            order = rerank(reranker, q.text, [data.corpus[c] for c in cands])
-            reranked[q.id] = [cands[o["index"]] for o in order] + first_run[q.id][args.candidates:]
-        results[f"reranked ({first} top {args.candidates})"] = evaluate_run(reranked, qrels)
+        scored = rerank_candidates(reranker, test, scoreds[first], texts, args.candidates)
+        rest = {q: found[args.candidates:] for q, found in first_run.items()}
+        results[f"reranked ({first} top {args.candidates})"] = evaluate_run(
+            reordered(test, scored, ids, 1.0, rest), qrels)
+        # Both stages' scores mixed (fuse_scores), the weight picked on dev queries, never on test.
+        dev = data.queries["dev"][:args.dev_queries]
+        if dev:
+            dev_scored = rerank_candidates(reranker, dev, scoreds[first], texts, args.candidates)
+            dev_qrels = {q.id: set(q.relevant) for q in dev}
+            on_dev = {w: evaluate_run(reordered(dev, dev_scored, ids, w), dev_qrels)["mrr@10"] for w in WEIGHTS}
+            weight = max(WEIGHTS, key=lambda w: (on_dev[w], w))
+            print(f"[{lang}] rerank weight on {len(dev)} dev queries (MRR@10): " +
+                  ", ".join(f"{w:g} {m:.4f}" for w, m in on_dev.items()) + f" → {weight:g}", flush=True)
+            results[f"fused (weight {weight:g} from dev)"] = evaluate_run(
+                reordered(test, scored, ids, weight, rest), qrels)
         timed = test[:args.latency_queries]
         tick = time.perf_counter()
         for q in timed:
@@ -190,6 +246,7 @@ def main() -> int:
                      "biencoder": round(results["biencoder"]["mrr@10"], 4),
                      "biencoder_ft": round(results["biencoder_ft"]["mrr@10"], 4),
                      "reranked": round(next(v for k, v in results.items() if k.startswith("reranked"))["mrr@10"], 4)}
+            final.update({"fused": round(v["mrr@10"], 4) for k, v in results.items() if k.startswith("fused")})
     print(json.dumps(final))
     return 0
 

@@ -155,6 +155,44 @@ def test_rerank_orders_candidates_by_the_cross_encoder(tmp_path, models):
     assert all(h.first_stage_score is not None for h in hits)
 
 
+def test_fuse_scores_on_hand_cases():
+    from bertkit.retrieval import fuse_scores
+
+    first, second = np.array([3.0, 2.0, 1.0]), np.array([-1.0, 0.0, 1.0])  # the stages disagree
+    z = np.array([1.0, 0.0, -1.0]) * np.sqrt(1.5)  # (x - 2) / std, std = sqrt(2/3)
+    np.testing.assert_allclose(fuse_scores(first, second, 0.0), z)
+    np.testing.assert_allclose(fuse_scores(first, second, 1.0), -z)
+    np.testing.assert_allclose(fuse_scores(first, second, 0.5), [0.0, 0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(fuse_scores(first, 10 * second + 7, 0.25), fuse_scores(first, second, 0.25))
+    np.testing.assert_allclose(fuse_scores(np.ones(3), second, 0.5), 0.5 * -z)  # a flat stage adds 0
+    with pytest.raises(ValueError, match=r"rerank weight must be in \[0, 1\].*got 1.5"):
+        fuse_scores(first, second, 1.5)
+
+
+def test_rerank_weight_mixes_the_two_stages(tmp_path, models):
+    from bertkit.inference import rerank
+    from bertkit.retrieval import fuse_scores
+
+    texts = sentences(30, seed=3)
+    build_index(write_corpus(tmp_path / "c.jsonl", texts), models["bi"], tmp_path / "ix", progress=False)
+    searcher = Searcher.open(tmp_path / "ix", rerank=models["cross"])
+    query = "the cat sees a ball"
+    first = Searcher.open(tmp_path / "ix").search(query, top_k=12)[0]
+    assert [h.id for h in searcher.search(query, top_k=12, candidates=12, rerank_weight=0.0)[0]] == \
+        [h.id for h in first]  # weight 0: the first stage's order
+    logits = np.empty(12)
+    for e in rerank(models["cross"], query, [h.text for h in first], raw_scores=True):
+        logits[e["index"]] = e["score"]
+    fused = fuse_scores(np.array([h.score for h in first]), logits, 0.6)
+    hits = searcher.search(query, top_k=5, candidates=12, rerank_weight=0.6)[0]
+    expected = sorted(range(12), key=lambda i: (-fused[i], i))[:5]
+    assert [h.id for h in hits] == [first[i].id for i in expected]
+    assert [h.score for h in hits] == pytest.approx([fused[i] for i in expected], abs=1e-5)
+    assert [h.rerank_score for h in hits] == pytest.approx([1 / (1 + np.exp(-logits[i])) for i in expected], abs=1e-6)
+    with pytest.raises(ValueError, match="has no reranker; pass --rerank"):
+        Searcher.open(tmp_path / "ix").search(query, rerank_weight=0.5)
+
+
 def test_reranker_reads_pairs_at_its_trained_length(tmp_path, models):
     from bertkit.retrieval.search import load_reranker
     from bertkit.tokenizer import BertTokenizer
@@ -244,5 +282,8 @@ def test_cli_index_and_search(tmp_path, models, capsys):
                      "--top-k", "2", "--candidates", "5", "--rerank-max-length", "16"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") >= 3 and "rerank" in out
+    assert cli.main(["search", str(tmp_path / "ix"), texts[3], "--rerank", str(models["cross"]),
+                     "--top-k", "2", "--candidates", "5", "--rerank-weight", "0.5"]) == 0
+    assert "fused at weight 0.5" in capsys.readouterr().out
     assert cli.main(["search", str(tmp_path / "ix"), "cat", "--model", str(models["other"])]) == 2
     assert "another space" in capsys.readouterr().err

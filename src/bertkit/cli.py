@@ -343,6 +343,9 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
                    help="pieces per query + document pair (default: the length it was trained at)")
     p.add_argument("--top-k", type=int, default=10, help="results per query (10)")
     p.add_argument("--candidates", type=int, default=100, help="first-stage results to rerank (100)")
+    p.add_argument("--rerank-weight", type=float, default=1.0,
+                   help="order by W · reranker + (1 − W) · first stage, each standardised over a "
+                   "query's candidates (1: the reranker alone; pick W on dev queries)")
     p.add_argument("--model", default=None, help="query model (default: the index's; must be the same)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="fp32")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
@@ -356,11 +359,13 @@ def _run_search(args: argparse.Namespace) -> None:
     searcher = Searcher.open(args.index, model=args.model, rerank=args.rerank,
                              rerank_max_length=args.rerank_max_length,
                              precision=args.precision, device=args.device)
-    results = searcher.search(args.queries, top_k=args.top_k, candidates=args.candidates)
+    results = searcher.search(args.queries, top_k=args.top_k, candidates=args.candidates,
+                              rerank_weight=args.rerank_weight)
     if args.json:
         return _print_json({"query": q, "hits": [h.to_dict() for h in hits]}
                            for q, hits in zip(args.queries, results))
-    stage = "reranked" if args.rerank else "inner product"
+    stage = ("inner product" if not args.rerank else "reranked" if args.rerank_weight == 1.0
+             else f"reranked, fused at weight {args.rerank_weight:g}")
     for query, hits in zip(args.queries, results):
         print(f"{query}  ({stage}; retrieve {searcher.timings['retrieve_ms']:.0f} ms, "
               f"rerank {searcher.timings['rerank_ms']:.0f} ms)")

@@ -12,8 +12,8 @@ Modules: `index` (build, resume, open), `search` (chunked exact top-k, reranking
 
 from bertkit.retrieval.index import Index, build_index, model_fingerprint, open_index
 from bertkit.retrieval.metrics import evaluate_run, ndcg, recall, reciprocal_rank
-from bertkit.retrieval.search import Hit, Searcher, load_reranker, search, top_k_inner_product
+from bertkit.retrieval.search import Hit, Searcher, fuse_scores, load_reranker, search, top_k_inner_product
 
 __all__ = ["Index", "build_index", "model_fingerprint", "open_index", "evaluate_run", "ndcg",
-           "recall", "reciprocal_rank", "Hit", "Searcher", "load_reranker", "search",
+           "recall", "reciprocal_rank", "Hit", "Searcher", "fuse_scores", "load_reranker", "search",
            "top_k_inner_product"]

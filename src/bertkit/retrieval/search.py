@@ -9,6 +9,9 @@ documents × 32 queries stays under ~60 MiB whatever N is.
 `search(index_dir, queries, ...)` embeds the queries with the index's own model (another model
 is refused: its vectors live in another space), retrieves `candidates` documents per query and,
 with `rerank=CROSS_ENCODER`, orders those by the cross-encoder's scores and keeps `top_k`.
+`rerank_weight` below 1 orders them by a mix of both stages instead (`fuse_scores`): on the BBC
+set a bi-encoder and a reranker trained from the same small model are wrong on different
+queries, and the mix beat either alone (bench/retrieval.py picks the weight on dev queries).
 
 A cross-encoder scores each pair at the length it was trained at (`load_reranker`: its
 tokenizer's model_max_length, which `finetune --task rerank` sets), not the model's 512
@@ -74,15 +77,38 @@ def top_k_inner_product(vectors: np.ndarray, queries: np.ndarray, k: int, *,
     return all_scores, all_rows
 
 
+def fuse_scores(first: np.ndarray, second: np.ndarray, weight: float) -> np.ndarray:
+    """One query's candidates scored by both stages → weight · z(second) + (1 − weight) · z(first).
+
+    first: (C,) first-stage scores (inner products); second: (C,) the reranker's logits (raw: a
+    sigmoid squeezes the scores that matter, near 1, together). z standardises each over this
+    query's candidates (mean 0, standard deviation 1; a constant column becomes 0), so the
+    weight means the same whatever the two scales are. weight 1 is the reranker alone, 0 the
+    first stage alone. Returns (C,) float64.
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"rerank weight must be in [0, 1] (1: the reranker alone), got {weight}")
+    first, second = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
+    if first.shape != second.shape or first.ndim != 1:
+        raise ValueError(f"first {first.shape} and second {second.shape} must be (C,) of one query")
+
+    def z(x: np.ndarray) -> np.ndarray:
+        spread = x.std()
+        return (x - x.mean()) / spread if spread > 0 else np.zeros_like(x)
+
+    return weight * z(second) + (1.0 - weight) * z(first)
+
+
 @dataclass
 class Hit:
     """One retrieved document."""
     rank: int  # 1-based
     id: str
-    score: float  # inner product (first stage) or the cross-encoder's score (reranked)
+    score: float  # inner product (first stage), the cross-encoder's score, or the fused score
     row: int  # the document's row in the index
     text: str
     first_stage_score: float | None = None  # the bi-encoder's score when reranked
+    rerank_score: float | None = None  # the cross-encoder's score (sigmoid) when reranked
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,14 +163,19 @@ class Searcher:
                      normalize=meta["normalize"]).numpy()  # (Q, H)
 
     def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
-               budget: int = DEFAULT_BUDGET) -> list[list[Hit]]:
-        """The best `top_k` documents per query (reranked from `candidates` with a reranker)."""
+               rerank_weight: float = 1.0, budget: int = DEFAULT_BUDGET) -> list[list[Hit]]:
+        """The best `top_k` documents per query (reranked from `candidates` with a reranker;
+        rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score)."""
         from bertkit.inference import rerank as rerank_fn
         from bertkit.inference.common import as_texts
 
         queries = as_texts(queries, "query")
         if top_k < 1 or candidates < 1:
             raise ValueError(f"top_k ({top_k}) and candidates ({candidates}) must be positive")
+        fuse_scores(np.zeros(1), np.zeros(1), rerank_weight)  # the weight checked before any work
+        if self.reranker is None and rerank_weight != 1.0:
+            raise ValueError(f"rerank weight {rerank_weight} mixes a reranker's scores in, but this "
+                             "search has no reranker; pass --rerank CROSS_ENCODER")
         if self.reranker is not None and candidates < top_k:
             raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
                              "order what the first stage found; raise --candidates")
@@ -161,11 +192,16 @@ class Searcher:
                             for r, (s, row, d) in enumerate(zip(scores[qi], rows[qi], docs))])
                 continue
             tick = time.perf_counter()
-            ranked = rerank_fn(self.reranker, query, [d["text"] for d in docs], top_k=top_k)
+            logits = np.empty(len(docs))  # (C,) the cross-encoder's raw score per candidate
+            for h in rerank_fn(self.reranker, query, [d["text"] for d in docs], raw_scores=True):
+                logits[h["index"]] = h["score"]
             timings["rerank_ms"] += (time.perf_counter() - tick) * 1000
-            out.append([Hit(r + 1, docs[h["index"]]["id"], h["score"], int(rows[qi][h["index"]]),
-                            docs[h["index"]]["text"], float(scores[qi][h["index"]]))
-                        for r, h in enumerate(ranked)])
+            probs = 1.0 / (1.0 + np.exp(-logits))  # (C,) the scores rerank() gives
+            final = probs if rerank_weight == 1.0 else fuse_scores(scores[qi], logits, rerank_weight)
+            order = sorted(range(len(docs)), key=lambda i: (-final[i], i))[:top_k]
+            out.append([Hit(r + 1, docs[i]["id"], float(final[i]), int(rows[qi][i]), docs[i]["text"],
+                            float(scores[qi][i]), float(probs[i]))
+                        for r, i in enumerate(order)])
         self.timings = timings
         return out
 
@@ -189,8 +225,8 @@ def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
 
 
 def search(index_dir: str | os.PathLike, queries: str | Sequence[str], *, top_k: int = 10,
-           candidates: int = 100, model: Any = None, rerank: Any = None,
+           candidates: int = 100, model: Any = None, rerank: Any = None, rerank_weight: float = 1.0,
            **engine_options: Any) -> list[list[Hit]]:
     """One-shot search: open the index (and models), answer `queries`; see `Searcher`."""
     searcher = Searcher.open(index_dir, model=model, rerank=rerank, **engine_options)
-    return searcher.search(queries, top_k=top_k, candidates=candidates)
+    return searcher.search(queries, top_k=top_k, candidates=candidates, rerank_weight=rerank_weight)
