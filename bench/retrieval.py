@@ -41,7 +41,7 @@ from bertkit.inference import Engine, embed, rerank
 from bertkit.retrieval.bm25 import BM25, tokenize
 from bertkit.retrieval.datasets import load_retrieval
 from bertkit.retrieval.metrics import evaluate_run
-from bertkit.retrieval.search import fuse_scores, load_reranker, top_k_inner_product
+from bertkit.retrieval.search import fuse_scores, load_reranker, rerank_logits, top_k_inner_product
 from bertkit.train.retrieval import finetune_retrieval
 
 SETS = {"en": "en-news-retrieval", "zh": "zh-news-retrieval"}
@@ -59,8 +59,8 @@ def write_pairs(path: Path, queries, negatives=None) -> Path:
 
 def dense_run(model, ids, texts, queries, max_length, k=100):
     """Exact search of every test query; returns (run, ms per query to embed + search, a function
-    giving the top-k corpus rows of more queries with the same engine and corpus vectors, one
-    giving (scores, rows) of them)."""
+    giving (scores, rows) of the top k corpus rows of more queries with the same engine and
+    corpus vectors)."""
     engine = Engine.load(model, task="embed", max_length=max_length)
     vectors = embed(engine, texts).numpy()  # (N, H) the corpus, embedded once per model
 
@@ -68,37 +68,25 @@ def dense_run(model, ids, texts, queries, max_length, k=100):
         found = top_k_inner_product(vectors, embed(engine, list(query_texts)).numpy(), k)
         return found[0].tolist(), found[1].tolist()
 
-    def top(query_texts, k=k):
-        return scored(query_texts, k)[1]
-
     tick = time.perf_counter()
-    rows = top([q.text for q in queries])
+    rows = scored([q.text for q in queries])[1]
     ms = (time.perf_counter() - tick) * 1000 / len(queries)
-    return {q.id: [ids[r] for r in row] for q, row in zip(queries, rows)}, ms, top, scored
+    return {q.id: [ids[r] for r in row] for q, row in zip(queries, rows)}, ms, scored
 
 
 def bm25_scored(bm25):
     """(scores, rows) of the top k of each query by BM25, as dense_run's `scored`."""
     def scored(query_texts, k=100):
-        out_s, out_r = [], []
-        for text in query_texts:
-            rows = bm25.top_k(text, k)
-            out_r.append(rows)
-            out_s.append(bm25.scores(text)[rows].tolist())
-        return out_s, out_r
+        found = [bm25.top_k_scored(text, k) for text in query_texts]
+        return [s for _, s in found], [rows for rows, _ in found]
     return scored
 
 
 def rerank_candidates(reranker, queries, scored, texts, candidates):
     """Each query's first-stage top `candidates`: (rows, first-stage scores, reranker logits)."""
     first_s, first_r = scored([q.text for q in queries], candidates)
-    out = []
-    for q, s, rows in zip(queries, first_s, first_r):
-        logits = np.empty(len(rows))
-        for h in rerank(reranker, q.text, [texts[r] for r in rows], raw_scores=True):
-            logits[h["index"]] = h["score"]
-        out.append((rows, np.array(s), logits))
-    return out
+    return [(rows, np.array(s), rerank_logits(reranker, q.text, [texts[r] for r in rows]))
+            for q, s, rows in zip(queries, first_s, first_r)]
 
 
 def reordered(queries, scored_candidates, ids, weight, rest=None):
@@ -171,9 +159,8 @@ def main() -> int:
         print(f"[{lang}] bm25 done ({time.time() - started:.0f} s)", flush=True)
 
         runs = {"bm25": {q: [ids[r] for r in rows] for q, rows in bm_rows.items()}}
-        tops = {"bm25": lambda query_texts, k=100: [bm25.top_k(t, k) for t in query_texts]}
-        scoreds = {"bm25": bm25_scored(bm25)}
-        runs["biencoder"], latency["biencoder"], tops["biencoder"], scoreds["biencoder"] = dense_run(
+        scoreds = {"bm25": bm25_scored(bm25)}  # name → (query texts, k) → (scores, rows)
+        runs["biencoder"], latency["biencoder"], scoreds["biencoder"] = dense_run(
             minilm, ids, texts, test, args.max_length)
         results["biencoder"] = evaluate_run(runs["biencoder"], qrels)
         print(f"[{lang}] MiniLM done ({time.time() - started:.0f} s)", flush=True)
@@ -186,7 +173,7 @@ def main() -> int:
                                      progress=False)
         print(f"[{lang}] bi-encoder fine-tuned: {summary['steps']} steps, loss {summary['first_loss']:.3f} → "
               f"{summary['last_loss']:.3f} ({summary['seconds']:.0f} s)", flush=True)
-        runs["biencoder_ft"], latency["biencoder_ft"], tops["biencoder_ft"], scoreds["biencoder_ft"] = dense_run(
+        runs["biencoder_ft"], latency["biencoder_ft"], scoreds["biencoder_ft"] = dense_run(
             ft_dir, ids, texts, test, args.max_length)
         results["biencoder_ft"] = evaluate_run(runs["biencoder_ft"], qrels)
         first = max(("bm25", "biencoder", "biencoder_ft"), key=lambda n: results[n]["mrr@10"])
@@ -196,8 +183,8 @@ def main() -> int:
         ce_queries = data.queries["train"][:args.rerank_queries]
         # Negatives from the whole corpus (a training file's own passages are too few to be hard):
         # the top 30 that are not the query's body; the trainer draws --rerank-negatives of them.
-        miner = tops["bm25" if args.rerank_mine == "bm25" else first]
-        found = miner([q.text for q in ce_queries], 31)
+        miner = scoreds["bm25" if args.rerank_mine == "bm25" else first]
+        found = miner([q.text for q in ce_queries], 31)[1]
         negatives = [[texts[r] for r in rows if texts[r] != q.positive][:30] for q, rows in zip(ce_queries, found)]
         ce_train = write_pairs(out / f"{lang}-ce-train.jsonl", ce_queries, negatives)
         summary = finetune_retrieval(task="rerank", model=str(minilm), train=str(ce_train), out_dir=str(ce_dir),

@@ -68,7 +68,12 @@ class BM25:
 
     def top_k(self, query: str, k: int) -> list[int]:
         """The k best documents, best first (ties by position)."""
+        return self.top_k_scored(query, k)[0]
+
+    def top_k_scored(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        """`top_k`'s documents and their scores."""
         s = self.scores(query)
         k = min(k, len(s))
         part = np.argpartition(-s, k - 1)[:k]
-        return sorted(part.tolist(), key=lambda i: (-s[i], i))
+        rows = sorted(part.tolist(), key=lambda i: (-s[i], i))
+        return rows, s[rows].tolist()

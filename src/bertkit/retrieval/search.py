@@ -77,6 +77,22 @@ def top_k_inner_product(vectors: np.ndarray, queries: np.ndarray, k: int, *,
     return all_scores, all_rows
 
 
+def check_rerank_weight(weight: float) -> None:
+    """A reranker's share of the fused score must lie in [0, 1]."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"rerank weight must be in [0, 1] (1: the reranker alone), got {weight}")
+
+
+def rerank_logits(reranker: Any, query: str, documents: Sequence[str]) -> np.ndarray:
+    """(D,) float32 the cross-encoder's raw score of each document, in the documents' order."""
+    from bertkit.inference import rerank
+
+    logits = np.empty(len(documents), dtype=np.float32)
+    for hit in rerank(reranker, query, documents, raw_scores=True):
+        logits[hit["index"]] = hit["score"]
+    return logits
+
+
 def fuse_scores(first: np.ndarray, second: np.ndarray, weight: float) -> np.ndarray:
     """One query's candidates scored by both stages → weight · z(second) + (1 − weight) · z(first).
 
@@ -86,8 +102,7 @@ def fuse_scores(first: np.ndarray, second: np.ndarray, weight: float) -> np.ndar
     weight means the same whatever the two scales are. weight 1 is the reranker alone, 0 the
     first stage alone. Returns (C,) float64.
     """
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"rerank weight must be in [0, 1] (1: the reranker alone), got {weight}")
+    check_rerank_weight(weight)
     first, second = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
     if first.shape != second.shape or first.ndim != 1:
         raise ValueError(f"first {first.shape} and second {second.shape} must be (C,) of one query")
@@ -166,13 +181,14 @@ class Searcher:
                rerank_weight: float = 1.0, budget: int = DEFAULT_BUDGET) -> list[list[Hit]]:
         """The best `top_k` documents per query (reranked from `candidates` with a reranker;
         rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score)."""
-        from bertkit.inference import rerank as rerank_fn
+        import torch
+
         from bertkit.inference.common import as_texts
 
         queries = as_texts(queries, "query")
         if top_k < 1 or candidates < 1:
             raise ValueError(f"top_k ({top_k}) and candidates ({candidates}) must be positive")
-        fuse_scores(np.zeros(1), np.zeros(1), rerank_weight)  # the weight checked before any work
+        check_rerank_weight(rerank_weight)
         if self.reranker is None and rerank_weight != 1.0:
             raise ValueError(f"rerank weight {rerank_weight} mixes a reranker's scores in, but this "
                              "search has no reranker; pass --rerank CROSS_ENCODER")
@@ -192,11 +208,9 @@ class Searcher:
                             for r, (s, row, d) in enumerate(zip(scores[qi], rows[qi], docs))])
                 continue
             tick = time.perf_counter()
-            logits = np.empty(len(docs))  # (C,) the cross-encoder's raw score per candidate
-            for h in rerank_fn(self.reranker, query, [d["text"] for d in docs], raw_scores=True):
-                logits[h["index"]] = h["score"]
+            logits = rerank_logits(self.reranker, query, [d["text"] for d in docs])  # (C,)
             timings["rerank_ms"] += (time.perf_counter() - tick) * 1000
-            probs = 1.0 / (1.0 + np.exp(-logits))  # (C,) the scores rerank() gives
+            probs = torch.from_numpy(logits).sigmoid().numpy()  # (C,) rerank()'s own float32 scores
             final = probs if rerank_weight == 1.0 else fuse_scores(scores[qi], logits, rerank_weight)
             order = sorted(range(len(docs)), key=lambda i: (-final[i], i))[:top_k]
             out.append([Hit(r + 1, docs[i]["id"], float(final[i]), int(rows[qi][i]), docs[i]["text"],
