@@ -422,6 +422,7 @@ def test_freed_heap_memory_is_given_back_between_runs(models, monkeypatch):
         pytest.skip("not glibc: there is no malloc_trim to call")
     monkeypatch.setattr(scheduler, "TRIM_EVERY", 0.0)  # after every run
     service = Service({"minilm": models["minilm"]})
+
     def trims(c) -> float:
         text = c.get("/metrics").text
         line = next(line for line in text.splitlines() if line.startswith("bertkit_memory_trim_duration_seconds_count"))

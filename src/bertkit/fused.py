@@ -10,10 +10,11 @@ while it is still in cache.
 
 `linear(module, x, post=..., residual=...)` takes that path when it is sound: no autograd
 (inference mode or no_grad: the op has no backward), not under torch.compile, a CPU tensor of
-the weight's dtype, fp32 or bf16, a plain nn.Linear (a LoRA or int8 layer keeps its own forward) and a probe that found the
-op present and equal to the unfused result on this machine. Otherwise it computes the same thing
-unfused. The results equal the unfused ones up to float summation order (≤ 1e-5 on the model's
-outputs: the inference tests compare against transformers). BERTKIT_ONEDNN=0 turns it off.
+the weight's dtype, fp32 or bf16, a plain nn.Linear (a LoRA or int8 layer keeps its own
+forward) and a probe that found the op present and equal to the unfused result on this
+machine. Otherwise it computes the same thing unfused. The results equal the unfused ones up
+to float summation order (≤ 1e-5 on the model's outputs: the inference tests compare against
+transformers). BERTKIT_ONEDNN=0 turns it off.
 """
 
 from __future__ import annotations
