@@ -378,7 +378,7 @@ def test_encoder_from_a_head_model_embeds_like_the_base_model(tokenizer, tmp_pat
 def test_compiled_int8_kernels_equal_the_eager_ones():
     from bertkit.inference import int8
 
-    quantize, dequantize = int8._KERNELS.get()
+    quantize, dequantize, linear = int8._KERNELS.get()
     if quantize is int8.quantize_rows:
         pytest.skip("torch.compile is not available here (no C++ compiler)")
     torch.manual_seed(0)
@@ -389,6 +389,8 @@ def test_compiled_int8_kernels_equal_the_eager_ones():
     acc = torch.randint(-5000, 5000, (29, 11), dtype=torch.int32)
     args = (eager[1], eager[2], torch.rand(11), torch.rand(11), torch.rand(11))
     assert torch.allclose(int8.dequantize(acc, *args), dequantize(acc, *args), rtol=1e-6, atol=1e-5)
+    weights = (torch.randint(-127, 128, (48, 11), dtype=torch.int8), *args[2:])
+    assert torch.allclose(int8.linear_rows(x, *weights), linear(x, *weights), rtol=1e-6, atol=1e-5)
 
 
 def test_rerank_reads_pairs_at_the_cross_encoders_own_length(tokenizer, tmp_path):

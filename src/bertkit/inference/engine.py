@@ -33,6 +33,7 @@ from torch import nn
 from bertkit.checkpoint import missing_from
 from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
+from bertkit.malloc import keep_freed_memory
 from bertkit.model import BertForMaskedLM, BertModel, Packed
 from bertkit.tokenizer import BertTokenizer
 
@@ -176,6 +177,8 @@ class Engine:
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
         self.device = _device(self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # batch buffers reused, not page-faulted in anew each layer (bertkit.malloc)
         self.config = self.model.config
         limit = self.config.max_position_embeddings
         if self.max_length is None:

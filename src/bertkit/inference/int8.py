@@ -45,18 +45,26 @@ def dequantize(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, weigh
     return acc.float() * (scale[:, None] * weight_scale) - (scale * zero)[:, None] * column_sums + bias
 
 
-class _Kernels:
-    """quantize_rows and dequantize, fused by torch.compile where a C++ compiler is available.
+def linear_rows(x: torch.Tensor, qweight_t: torch.Tensor, weight_scale: torch.Tensor,
+                column_sums: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x (N, in) float → Int8Linear's output (N, out) float32: quantize, int8 GEMM, dequantize."""
+    q, scale, zero = quantize_rows(x)  # (N, in) int8, (N,), (N,)
+    return dequantize(torch._int_mm(q, qweight_t), scale, zero, weight_scale, column_sums, bias)
 
-    Eager, each is 4–6 passes over its tensor; on 2 CPU threads they cost more than the int8
-    matmul itself (8192 × 384 → 1152: quantize 52 ms, dequantize 135 ms, `_int_mm` 44 ms; fused:
-    14 and 24 ms). The compiled functions compute the same values (checked in the tests).
-    Compilation happens once per process on first use (seconds; cached on disk by inductor);
-    BERTKIT_INT8_EAGER=1, or a failed compilation, keeps the eager functions.
+
+class _Kernels:
+    """quantize_rows, dequantize and linear_rows, fused by torch.compile where a C++ compiler is
+    available.
+
+    Eager, quantize and dequantize are 4–6 passes over their tensor each; on 2 CPU threads they
+    cost more than the int8 matmul itself (8192 × 384 → 1152: quantize 52 ms, dequantize 135 ms,
+    `_int_mm` 44 ms; fused: 14 and 24 ms). The compiled functions compute the same values
+    (checked in the tests). Compilation happens once per process on first use (seconds; cached on
+    disk by inductor); BERTKIT_INT8_EAGER=1, or a failed compilation, keeps the eager functions.
     """
 
     def __init__(self) -> None:
-        self.quantize, self.dequantize = quantize_rows, dequantize
+        self.quantize, self.dequantize, self.linear = quantize_rows, dequantize, linear_rows
         self.tried = os.environ.get("BERTKIT_INT8_EAGER") == "1"
 
     def get(self):
@@ -70,9 +78,10 @@ class _Kernels:
                 d(torch._int_mm(qq.repeat(6, 1)[:17], torch.ones(8, 8, dtype=torch.int8))[:3], sc, zz,
                   torch.ones(8), torch.ones(8), torch.zeros(8))
                 self.quantize, self.dequantize = q, d
+                self.linear = torch.compile(linear_rows, dynamic=True)
             except Exception as err:  # no C++ compiler, or an inductor limitation: stay eager
                 log.info("int8: torch.compile unavailable (%s); using eager kernels", type(err).__name__)
-        return self.quantize, self.dequantize
+        return self.quantize, self.dequantize, self.linear
 
 
 _KERNELS = _Kernels()
@@ -97,21 +106,17 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) float → (..., out) float32."""
         shape = x.shape[:-1]
-        quantize, dequantize = _KERNELS.get()
-        q, scale, zero = quantize(x.reshape(-1, self.in_features).float())  # (N, in) int8, (N,), (N,)
+        run = _KERNELS.get()[2]
+        x = x.reshape(-1, self.in_features).float()  # (N, in)
+        params = (self.qweight_t, self.weight_scale, self.column_sums, self.bias)
         # Row blocks of ~1M int32 accumulators: each block is dequantized while it is still in
         # cache instead of going to memory and back (8192 × 384 → 1152 on 2 threads: 39 → 26 ms).
         rows = max(256, CHUNK_ELEMENTS // self.out_features)
-        if q.shape[0] <= rows:
-            acc = torch._int_mm(q, self.qweight_t)  # (N, out) int32
-            y = dequantize(acc, scale, zero, self.weight_scale, self.column_sums, self.bias)  # (N, out)
-            return y.view(*shape, self.out_features)
-        y = torch.empty(q.shape[0], self.out_features)  # (N, out)
-        for start in range(0, q.shape[0], rows):
-            block = slice(start, start + rows)
-            acc = torch._int_mm(q[block], self.qweight_t)  # (rows, out) int32
-            y[block] = dequantize(acc, scale[block], zero[block], self.weight_scale, self.column_sums,
-                                  self.bias)
+        if x.shape[0] <= rows:
+            return run(x, *params).view(*shape, self.out_features)
+        y = torch.empty(x.shape[0], self.out_features)  # (N, out)
+        for start in range(0, x.shape[0], rows):
+            y[start:start + rows] = run(x[start:start + rows], *params)
         return y.view(*shape, self.out_features)
 
     def extra_repr(self) -> str:
@@ -132,80 +137,86 @@ def quantize_linears(module: nn.Module) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------
-# the feed-forward, fused
+# the layer after attention, fused
 # ---------------------------------------------------------------------------------------------
-def dequantize_act_quantize(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                            weight_scale: torch.Tensor, column_sums: torch.Tensor, bias: torch.Tensor,
-                            act) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ffn_in's int32 accumulators → act(ffn_in(x)) quantized for ffn_out, in one fused kernel."""
-    return quantize_rows(act(dequantize(acc, scale, zero, weight_scale, column_sums, bias)))
-
-
 def dequantize_add_norm(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                         weight_scale: torch.Tensor, column_sums: torch.Tensor, bias: torch.Tensor,
                         residual: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
                         eps: float) -> torch.Tensor:
-    """ffn_out's int32 accumulators → LayerNorm(residual + ffn_out(h)), fused."""
+    """A Linear's int32 accumulators → LayerNorm(residual + the Linear's output)."""
     y = residual + dequantize(acc, scale, zero, weight_scale, column_sums, bias)
     return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
 
 
+def after_attention(y: torch.Tensor, x: torch.Tensor, out: torch.Tensor, attn_out: tuple, attn_norm: tuple,
+                    ffn_in: tuple, ffn_out: tuple, ffn_norm: tuple, act) -> None:
+    """One block of rows from the attention output to the layer's output, all in int8 GEMMs.
+
+    y: (rows, H) attention output, x: (rows, H) the layer's input; each Linear is given as
+    (qweight_t, weight_scale, column_sums, bias), each LayerNorm as (weight, bias, eps).
+    Compiled as one graph, the float intermediates — (rows, I) after ffn_in above all — exist
+    only inside fused kernels, and the block costs one Python call instead of a dozen.
+    """
+    def linear(x: torch.Tensor, params: tuple) -> tuple:
+        q, scale, zero = quantize_rows(x)  # (rows, in) int8
+        return torch._int_mm(q, params[0]), scale, zero, *params[1:]  # (rows, out) int32, …
+
+    a = dequantize_add_norm(*linear(y, attn_out), x, *attn_norm)  # (rows, H)
+    h = act(dequantize(*linear(a, ffn_in)))  # (rows, I)
+    out.copy_(dequantize_add_norm(*linear(h, ffn_out), a, *ffn_norm))  # (rows, H)
+
+
 class _FusedKernels:
-    """The feed-forward's two fused steps, compiled once per activation function where the
-    row kernels compiled (`_KERNELS` has found out whether torch.compile works here);
-    compile=False keeps them eager."""
+    """`after_attention`, compiled once per activation function where the row kernels compiled
+    (`_KERNELS` has found out whether torch.compile works here); compile=False keeps it eager."""
 
     def __init__(self, compile: bool = True) -> None:
         self.compile = compile
         self.cache: dict = {}
 
-    def feed_forward(self, act):
+    def after_attention(self, act):
         if act not in self.cache:
-            pair = (lambda acc, *a: dequantize_act_quantize(acc, *a, act), dequantize_add_norm)
+            def run(y, x, out, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm):
+                after_attention(y, x, out, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm, act)
             if self.compile and _KERNELS.get()[0] is not quantize_rows:
                 try:
-                    pair = tuple(torch.compile(f, dynamic=True) for f in pair)
+                    run = torch.compile(run, dynamic=True)
                 except Exception as err:  # noqa: BLE001  an inductor limitation: stay eager
-                    log.info("int8: feed-forward kernels not compiled (%s)", type(err).__name__)
-            self.cache[act] = pair
+                    log.info("int8: the layer's kernels were not compiled (%s)", type(err).__name__)
+            self.cache[act] = run
         return self.cache[act]
 
 
 _FUSED = _FusedKernels()
 
 
-class Int8EncoderLayer(EncoderLayer):
-    """An encoder layer whose Linears are Int8Linear, with the feed-forward run block by block.
+def _linear_params(linear: Int8Linear) -> tuple:
+    return linear.qweight_t, linear.weight_scale, linear.column_sums, linear.bias
 
-    Per block of rows: the attention output's int8 GEMM, dequantized + residual + LayerNorm in one
-    fused kernel; quantize that, ffn_in's int8 GEMM, then dequantize + activation + quantize in
-    one fused kernel (the (rows, I) intermediate never goes to memory as floats), ffn_out's GEMM,
-    then dequantize + residual + LayerNorm fused. Every step is per row, so the result equals the
-    layer's own int8 forward (the same formulas, evaluated in another order: within float
-    rounding) and stays independent of the batch. Inference only: dropout is the identity here.
+
+def _norm_params(norm: nn.LayerNorm) -> tuple:
+    return norm.weight, norm.bias, norm.eps
+
+
+class Int8EncoderLayer(EncoderLayer):
+    """An encoder layer whose Linears are Int8Linear, with everything after attention run block
+    by block as one fused graph (`after_attention`).
+
+    Per block of rows: the attention output's int8 GEMM, dequantized + residual + LayerNorm;
+    quantized, ffn_in's GEMM, then dequantize + activation + quantize (the (rows, I)
+    intermediate never goes to memory as floats), ffn_out's GEMM, dequantize + residual +
+    LayerNorm. Every step is per row, so the result equals the layer's own int8 forward (the same
+    formulas, evaluated in another order: within float rounding) and stays independent of the
+    batch. Inference only: dropout is the identity here.
     """
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        quantize, _ = _KERNELS.get()
-        fused_act, fused_norm = _FUSED.feed_forward(self.act)
-        ffn_in, ffn_out, norm = self.ffn_in, self.ffn_out, self.ffn_norm
-        rows = max(256, CHUNK_ELEMENTS // ffn_in.out_features)
-        out = torch.empty_like(x) if x.shape[0] > rows else None  # (N, H)
+        run = _FUSED.after_attention(self.act)
+        params = (_linear_params(self.attn_out), _norm_params(self.attn_norm), _linear_params(self.ffn_in),
+                  _linear_params(self.ffn_out), _norm_params(self.ffn_norm))
+        rows = max(256, CHUNK_ELEMENTS // self.ffn_in.out_features)
+        out = torch.empty_like(x)  # (N, H)
         for start in range(0, x.shape[0], rows):
             block = slice(start, start + rows)
-            # the attention output's projection, dequantized into residual + LayerNorm (fused)
-            q, scale, zero = quantize(y[block].float())  # (rows, H) int8
-            acc = torch._int_mm(q, self.attn_out.qweight_t)  # (rows, H) int32
-            a = fused_norm(acc, scale, zero, self.attn_out.weight_scale, self.attn_out.column_sums,
-                           self.attn_out.bias, x[block], self.attn_norm.weight, self.attn_norm.bias,
-                           self.attn_norm.eps)  # (rows, H)
-            q, scale, zero = quantize(a)  # (rows, H) int8
-            acc = torch._int_mm(q, ffn_in.qweight_t)  # (rows, I) int32
-            q, scale, zero = fused_act(acc, scale, zero, ffn_in.weight_scale, ffn_in.column_sums, ffn_in.bias)
-            acc = torch._int_mm(q, ffn_out.qweight_t)  # (rows, H) int32
-            h = fused_norm(acc, scale, zero, ffn_out.weight_scale, ffn_out.column_sums, ffn_out.bias,
-                           a, norm.weight, norm.bias, norm.eps)  # (rows, H)
-            if out is None:
-                return h
-            out[block] = h
+            run(y[block].float(), x[block], out[block], *params)
         return out

@@ -1,0 +1,52 @@
+"""Freed memory kept for reuse: glibc's malloc set up for batched inference on the CPU.
+
+Why: glibc serves every allocation above its mmap threshold (128 KiB, rising by itself to at most
+32 MiB) with a fresh `mmap` and hands it back to the kernel on `free`. A token-budget batch
+allocates tens of MiB per layer (8,192 tokens × 1,152 fused Q/K/V floats is 37.7 MB), so every
+layer of every batch paid first-touch page faults again: 1.2 M minor faults per 1,500 BBC
+sentences through all-MiniLM-L6-v2 in fp32. With the mmap and trim thresholds raised, those pages
+stay in the heap for the next batch: 49 k faults, 1.28× the sentences/s in fp32 and 1.24× in int8
+(2-core Xeon, one process, the setting toggled between timed passes). The cost: after a batch the
+process keeps its peak working set instead of returning it, which the next batch needs anyway.
+Allocators such as jemalloc or tcmalloc, preloaded, do the same; this needs no preload.
+
+The setting is process-wide, so the engine applies it once, on the CPU, where the C library is
+glibc; BERTKIT_MALLOC=default leaves malloc as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import platform
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
+MMAP_THRESHOLD = 256 << 20  # allocations above this still get their own mapping (e.g. a huge logits tensor)
+TRIM_THRESHOLD = 1 << 30  # free memory at the top of the heap beyond this goes back to the kernel
+
+_applied: bool | None = None  # None: not tried yet
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds (once per process); True if they are in effect."""
+    global _applied
+    if _applied is not None:
+        return _applied
+    _applied = False
+    if os.environ.get("BERTKIT_MALLOC", "").lower() == "default":
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+        ok = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
+    except (OSError, AttributeError) as err:  # no libc to open, or one without mallopt
+        log.debug("malloc thresholds left as they are: %s", err)
+        return False
+    _applied = ok
+    return ok
