@@ -30,10 +30,12 @@ The peers never enter bertkit's venv: each runs as a subprocess of this same scr
 venv (`--worker st|ort`, created by `bash bench/peers.sh`), reads the texts from a temp file and
 hands its vectors back as .npy. Every process gets the same thread count (torch.set_num_threads,
 ONNX Runtime's intra_op_num_threads, OMP/MKL/RAYON_NUM_THREADS). Workloads run one after another,
-never two processes at once.
+never two processes at once. `--rounds N` runs a workload's rows N times over, interleaved (ours,
+the peers, ours again, …), and keeps each row's fastest pass of all: on a shared machine whose
+speed drifts for minutes at a time, the rows then see the same spells.
 
     bash bench/peers.sh                      # once: .venv-bench-st, .venv-bench-ort
-    .venv/bin/python bench/infer.py [--sentences 10000] [--threads 2] [--json out.json]
+    .venv/bin/python bench/infer.py [--sentences 10000] [--threads 2] [--repeats 3] [--rounds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -571,6 +573,36 @@ def add_row(rows, outputs, workload, name, precision, peer, measured, items, tok
           flush=True)
 
 
+def in_rounds(args: argparse.Namespace, steps: list) -> dict[str, tuple[list[float], object, str]]:
+    """Run every step (a function → {row name: (seconds, output, note)}) once per round, in
+    order, and merge: a row's seconds gather the passes of every round (the fastest is reported),
+    its output and note are the last round's. Rounds interleave the rows in time, so a slow spell
+    of a shared machine (minutes long) lands on every row rather than on whichever ran in it."""
+    merged: dict[str, tuple[list[float], object, str]] = {}
+    for round_ in range(args.rounds):
+        if args.rounds > 1:
+            print(f"  round {round_ + 1} of {args.rounds}", flush=True)
+        for step in steps:
+            for name, (seconds, output, note) in step().items():
+                merged[name] = (merged.get(name, ([],))[0] + list(seconds), output, note)
+    return merged
+
+
+def ours_step(name: str, measure):
+    def step():
+        print(f"  {name} ...", flush=True)
+        return {name: measure()}
+    return step
+
+
+def peer_step(kind: str, names: dict[str, str], inputs, model_dir: Path, max_length: int, args, tmp: Path):
+    """A step that runs the jobs `names` (job → row name) in the peer venv `kind`."""
+    def step():
+        measured = run_peer(kind, list(names), inputs, model_dir, max_length, args, tmp)
+        return {names[job]: m for job, m in measured.items()}
+    return step
+
+
 def fill_comparisons(rows: list[Row], outputs: dict, ours: str, peer: str) -> None:
     for row in rows:
         out = outputs[(row.workload, row.name)]
@@ -588,22 +620,19 @@ def workload_a(args, tmp: Path) -> tuple[list[Row], str, str]:
     title = (f"(a) all-MiniLM-L6-v2 embeddings, {n:,} BBC sentences in arrival order, "
              f"{tokens:,} tokens (mean {tokens / n:.1f}, max {max(lengths)}), truncated at {MINILM_MAX_LENGTH}")
     print(title, flush=True)
+    ours = {f"bertkit {p}": p for p in ("fp32", "bf16", "int8")}
+    steps = [ours_step(name, lambda p=p: run_ours_embed(model_dir, texts, p, MINILM_MAX_LENGTH, args))
+             for name, p in ours.items()]
+    jobs = {"st": {"st-encode": "sentence-transformers"},
+            "ort": {"ort-fp32": "onnxruntime (optimum O2) fp32", "ort-int8": "onnxruntime (optimum) int8",
+                    "st-onnx-fp32": "sentence-transformers onnx fp32",
+                    "st-onnx-int8": "sentence-transformers onnx int8"}}
+    steps += [peer_step(kind, jobs[kind], texts, model_dir, MINILM_MAX_LENGTH, args, tmp)
+              for kind in ("st", "ort") if kind in args.peers]
     rows, outputs = [], {}
-    for precision in ("fp32", "bf16", "int8"):
-        print(f"  bertkit {precision} ...", flush=True)
-        add_row(rows, outputs, "a", f"bertkit {precision}", precision, False,
-                run_ours_embed(model_dir, texts, precision, MINILM_MAX_LENGTH, args), n, tokens, flops)
-    names = {"st-encode": ("sentence-transformers", "fp32"),
-             "ort-fp32": ("onnxruntime (optimum O2) fp32", "fp32"),
-             "ort-int8": ("onnxruntime (optimum) int8", "int8"),
-             "st-onnx-fp32": ("sentence-transformers onnx fp32", "fp32"),
-             "st-onnx-int8": ("sentence-transformers onnx int8", "int8")}
-    for kind, jobs in (("st", ["st-encode"]), ("ort", ["ort-fp32", "ort-int8", "st-onnx-fp32", "st-onnx-int8"])):
-        if kind not in args.peers:
-            continue
-        for job, measured in run_peer(kind, jobs, texts, model_dir, MINILM_MAX_LENGTH, args, tmp).items():
-            name, precision = names[job]
-            add_row(rows, outputs, "a", name, precision, True, measured, n, tokens, flops)
+    for name, measured in in_rounds(args, steps).items():
+        precision = ours.get(name) or ("int8" if name.endswith("int8") else "fp32")
+        add_row(rows, outputs, "a", name, precision, name not in ours, measured, n, tokens, flops)
     peer_ref = "sentence-transformers" if "st" in args.peers else "bertkit fp32"
     fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
     return rows, title, peer_ref
@@ -618,17 +647,18 @@ def workload_b(args, tmp: Path) -> tuple[list[Row], str, str]:
     title = (f"(b) BERT-base (random weights, seed {SEED}), {n} texts of {min(lengths)}–{max(lengths)} tokens "
              f"in arrival order, {tokens:,} tokens, mean-pooled")
     print(title, flush=True)
-    rows, outputs = [], {}
-    for precision in ("fp32", "int8"):
-        print(f"  bertkit {precision} ...", flush=True)
-        add_row(rows, outputs, "b", f"bertkit {precision}", precision, False,
-                run_ours_embed(model_dir, texts, precision, BASE_MAX_LENGTH, args,
-                               pooling="mean", normalize=False), n, tokens, flops)
+    ours = {f"bertkit {p}": p for p in ("fp32", "int8")}
+    steps = [ours_step(name, lambda p=p: run_ours_embed(model_dir, texts, p, BASE_MAX_LENGTH, args,
+                                                        pooling="mean", normalize=False))
+             for name, p in ours.items()]
     peer_ref = "bertkit fp32"
     if "st" in args.peers:
-        measured = run_peer("st", ["hf-sdpa"], texts, model_dir, BASE_MAX_LENGTH, args, tmp)["hf-sdpa"]
-        add_row(rows, outputs, "b", "transformers sdpa", "fp32", True, measured, n, tokens, flops)
+        steps.append(peer_step("st", {"hf-sdpa": "transformers sdpa"}, texts, model_dir, BASE_MAX_LENGTH,
+                               args, tmp))
         peer_ref = "transformers sdpa"
+    rows, outputs = [], {}
+    for name, measured in in_rounds(args, steps).items():
+        add_row(rows, outputs, "b", name, ours.get(name, "fp32"), name not in ours, measured, n, tokens, flops)
     fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
     return rows, title, peer_ref
 
@@ -643,16 +673,15 @@ def workload_c(args, tmp: Path) -> tuple[list[Row], str, str]:
     title = (f"(c) cross-encoder (MiniLM encoder + seeded 1-label head), {n} (query, document) pairs, "
              f"{len(groups)} queries, {tokens:,} tokens (mean {tokens / n:.0f}); scores are sigmoids")
     print(title, flush=True)
-    rows, outputs = [], {}
-    for precision in ("fp32", "int8"):
-        print(f"  bertkit {precision} ...", flush=True)
-        add_row(rows, outputs, "c", f"bertkit {precision}", precision, False,
-                run_ours_rerank(model_dir, groups, precision, args), n, tokens, flops)
+    ours = {f"bertkit {p}": p for p in ("fp32", "int8")}
+    steps = [ours_step(name, lambda p=p: run_ours_rerank(model_dir, groups, p, args)) for name, p in ours.items()]
     peer_ref = "bertkit fp32"
     if "st" in args.peers:
-        measured = run_peer("st", ["cross-encoder"], groups, model_dir, BASE_MAX_LENGTH, args, tmp)["cross-encoder"]
-        add_row(rows, outputs, "c", "sentence-transformers CrossEncoder", "fp32", True, measured, n, tokens, flops)
         peer_ref = "sentence-transformers CrossEncoder"
+        steps.append(peer_step("st", {"cross-encoder": peer_ref}, groups, model_dir, BASE_MAX_LENGTH, args, tmp))
+    rows, outputs = [], {}
+    for name, measured in in_rounds(args, steps).items():
+        add_row(rows, outputs, "c", name, ours.get(name, "fp32"), name not in ours, measured, n, tokens, flops)
     fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
     return rows, title, peer_ref
 
@@ -706,6 +735,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=10, help="workload (c) queries × 10 documents (default 10)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per row, fastest kept (default 1)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every row this many times, interleaved; fastest pass kept (default 1)")
     parser.add_argument("--workloads", default="abc", help="which of a, b, c to run (default abc)")
     parser.add_argument("--peers", default="st,ort", help="peer venvs to run: st, ort, or none (default st,ort)")
     parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -714,7 +745,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args.worker, args.spec)
-    for name in ("sentences", "base_texts", "queries", "threads", "repeats"):
+    for name in ("sentences", "base_texts", "queries", "threads", "repeats", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if set(args.workloads) - set("abc") or not args.workloads:
