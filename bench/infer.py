@@ -603,6 +603,18 @@ def peer_step(kind: str, names: dict[str, str], inputs, model_dir: Path, max_len
     return step
 
 
+def measured_rows(args, workload: str, steps: list, precisions: dict[str, str], ours: dict[str, str],
+                  counts: tuple[int, int, float], peer_ref: str) -> list[Row]:
+    """The rows of `steps` run in rounds (`in_rounds`), compared with bertkit fp32 and with
+    `peer_ref`; precisions: every row name → its precision; ours: bertkit's rows among them;
+    counts: (items, tokens, FLOPs) of one pass."""
+    rows, outputs = [], {}
+    for name, measured in in_rounds(args, steps).items():
+        add_row(rows, outputs, workload, name, precisions[name], name not in ours, measured, *counts)
+    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    return rows
+
+
 def fill_comparisons(rows: list[Row], outputs: dict, ours: str, peer: str) -> None:
     for row in rows:
         out = outputs[(row.workload, row.name)]
@@ -623,18 +635,17 @@ def workload_a(args, tmp: Path) -> tuple[list[Row], str, str]:
     ours = {f"bertkit {p}": p for p in ("fp32", "bf16", "int8")}
     steps = [ours_step(name, lambda p=p: run_ours_embed(model_dir, texts, p, MINILM_MAX_LENGTH, args))
              for name, p in ours.items()]
-    jobs = {"st": {"st-encode": "sentence-transformers"},
-            "ort": {"ort-fp32": "onnxruntime (optimum O2) fp32", "ort-int8": "onnxruntime (optimum) int8",
-                    "st-onnx-fp32": "sentence-transformers onnx fp32",
-                    "st-onnx-int8": "sentence-transformers onnx int8"}}
-    steps += [peer_step(kind, jobs[kind], texts, model_dir, MINILM_MAX_LENGTH, args, tmp)
+    jobs = {"st": {"st-encode": ("sentence-transformers", "fp32")},  # job → (row name, precision)
+            "ort": {"ort-fp32": ("onnxruntime (optimum O2) fp32", "fp32"),
+                    "ort-int8": ("onnxruntime (optimum) int8", "int8"),
+                    "st-onnx-fp32": ("sentence-transformers onnx fp32", "fp32"),
+                    "st-onnx-int8": ("sentence-transformers onnx int8", "int8")}}
+    steps += [peer_step(kind, {job: name for job, (name, _) in jobs[kind].items()}, texts, model_dir,
+                        MINILM_MAX_LENGTH, args, tmp)
               for kind in ("st", "ort") if kind in args.peers]
-    rows, outputs = [], {}
-    for name, measured in in_rounds(args, steps).items():
-        precision = ours.get(name) or ("int8" if name.endswith("int8") else "fp32")
-        add_row(rows, outputs, "a", name, precision, name not in ours, measured, n, tokens, flops)
+    precisions = {**ours, **{name: p for kind in jobs.values() for name, p in kind.values()}}
     peer_ref = "sentence-transformers" if "st" in args.peers else "bertkit fp32"
-    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    rows = measured_rows(args, "a", steps, precisions, ours, (n, tokens, flops), peer_ref)
     return rows, title, peer_ref
 
 
@@ -656,10 +667,8 @@ def workload_b(args, tmp: Path) -> tuple[list[Row], str, str]:
         steps.append(peer_step("st", {"hf-sdpa": "transformers sdpa"}, texts, model_dir, BASE_MAX_LENGTH,
                                args, tmp))
         peer_ref = "transformers sdpa"
-    rows, outputs = [], {}
-    for name, measured in in_rounds(args, steps).items():
-        add_row(rows, outputs, "b", name, ours.get(name, "fp32"), name not in ours, measured, n, tokens, flops)
-    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    rows = measured_rows(args, "b", steps, {**ours, "transformers sdpa": "fp32"}, ours, (n, tokens, flops),
+                         peer_ref)
     return rows, title, peer_ref
 
 
@@ -679,10 +688,8 @@ def workload_c(args, tmp: Path) -> tuple[list[Row], str, str]:
     if "st" in args.peers:
         peer_ref = "sentence-transformers CrossEncoder"
         steps.append(peer_step("st", {"cross-encoder": peer_ref}, groups, model_dir, BASE_MAX_LENGTH, args, tmp))
-    rows, outputs = [], {}
-    for name, measured in in_rounds(args, steps).items():
-        add_row(rows, outputs, "c", name, ours.get(name, "fp32"), name not in ours, measured, n, tokens, flops)
-    fill_comparisons(rows, outputs, "bertkit fp32", peer_ref)
+    rows = measured_rows(args, "c", steps, {**ours, "sentence-transformers CrossEncoder": "fp32"}, ours,
+                         (n, tokens, flops), peer_ref)
     return rows, title, peer_ref
 
 

@@ -33,22 +33,26 @@ TRIM_THRESHOLD = 1 << 30  # free memory at the top of the heap beyond this goes 
 _applied: bool | None = None  # None: not tried yet
 
 
+def glibc() -> ctypes.CDLL | None:
+    """The process's C library where it is glibc (mallopt, malloc_trim), else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError as err:
+        log.debug("glibc could not be opened: %s", err)
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds (once per process); True if they are in effect."""
     global _applied
     if _applied is not None:
         return _applied
     _applied = False
-    if os.environ.get("BERTKIT_MALLOC", "").lower() == "default":
+    libc = None if os.environ.get("BERTKIT_MALLOC", "").lower() == "default" else glibc()
+    if libc is None:
         return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-        ok = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
-    except (OSError, AttributeError) as err:  # no libc to open, or one without mallopt
-        log.debug("malloc thresholds left as they are: %s", err)
-        return False
-    _applied = ok
-    return ok
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    _applied = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
+    return _applied

@@ -45,12 +45,18 @@ def dequantize(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, weigh
     return acc.float() * (scale[:, None] * weight_scale) - (scale * zero)[:, None] * column_sums + bias
 
 
+def _int8_product(x: torch.Tensor, linear: tuple) -> tuple:
+    """x (rows, in) float and a Linear's `Int8Linear.terms()` → the arguments of `dequantize`:
+    the int32 accumulators (rows, out), x's scales and zero points, the Linear's own terms."""
+    q, scale, zero = quantize_rows(x)  # (rows, in) int8
+    return torch._int_mm(q, linear[0]), scale, zero, *linear[1:]
+
+
 def linear_rows(x: torch.Tensor, out: torch.Tensor, qweight_t: torch.Tensor, weight_scale: torch.Tensor,
                 column_sums: torch.Tensor, bias: torch.Tensor) -> None:
     """x (N, in) float → Int8Linear's output written into out (N, out) float32: quantize, int8
     GEMM, dequantize (compiled, the last kernel writes `out` directly: no copy after it)."""
-    q, scale, zero = quantize_rows(x)  # (N, in) int8, (N,), (N,)
-    out.copy_(dequantize(torch._int_mm(q, qweight_t), scale, zero, weight_scale, column_sums, bias))
+    out.copy_(dequantize(*_int8_product(x, (qweight_t, weight_scale, column_sums, bias))))
 
 
 class _Kernels:
@@ -109,14 +115,18 @@ class Int8Linear(nn.Module):
         shape = x.shape[:-1]
         run = _KERNELS.get()[2]
         x = x.reshape(-1, self.in_features).float()  # (N, in)
-        params = (self.qweight_t, self.weight_scale, self.column_sums, self.bias)
+        terms = self.terms()
         # Row blocks of ~1M int32 accumulators: each block is dequantized while it is still in
         # cache instead of going to memory and back (8192 × 384 → 1152 on 2 threads: 39 → 26 ms).
         rows = max(256, CHUNK_ELEMENTS // self.out_features)
         y = torch.empty(x.shape[0], self.out_features)  # (N, out)
         for start in range(0, x.shape[0], rows):
-            run(x[start:start + rows], y[start:start + rows], *params)
+            run(x[start:start + rows], y[start:start + rows], *terms)
         return y.view(*shape, self.out_features)
+
+    def terms(self) -> tuple[torch.Tensor, ...]:
+        """(qweight_t, weight_scale, column_sums, bias): what the kernels take of this layer."""
+        return self.qweight_t, self.weight_scale, self.column_sums, self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -147,19 +157,11 @@ def dequantize_add_norm(acc: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
     return torch.nn.functional.layer_norm(y, y.shape[-1:], norm_weight, norm_bias, eps)
 
 
-def _int8_product(x: torch.Tensor, linear: tuple) -> tuple:
-    """x (rows, in) float and a Linear as (qweight_t, weight_scale, column_sums, bias) → the
-    arguments of `dequantize`: the int32 accumulators (rows, out), x's scales and zero points,
-    the Linear's own terms."""
-    q, scale, zero = quantize_rows(x)  # (rows, in) int8
-    return torch._int_mm(q, linear[0]), scale, zero, *linear[1:]
-
-
 def attention_out_ffn_in(y: torch.Tensor, x: torch.Tensor, attn_out: tuple, attn_norm: tuple,
                          ffn_in: tuple, act) -> tuple[torch.Tensor, torch.Tensor]:
     """y (rows, H) attention output, x (rows, H) the layer's input → a = LayerNorm(x + attn_out(y))
-    (rows, H) and act(ffn_in(a)) (rows, I). Each Linear is given as (qweight_t, weight_scale,
-    column_sums, bias), each LayerNorm as (weight, bias, eps)."""
+    (rows, H) and act(ffn_in(a)) (rows, I). Each Linear is given as its `Int8Linear.terms()`,
+    each LayerNorm as (weight, bias, eps)."""
     a = dequantize_add_norm(*_int8_product(y, attn_out), x, *attn_norm)  # (rows, H)
     return a, act(dequantize(*_int8_product(a, ffn_in)))  # (rows, H), (rows, I)
 
@@ -201,10 +203,6 @@ class _FusedKernels:
 _FUSED = _FusedKernels()
 
 
-def _linear_params(linear: Int8Linear) -> tuple:
-    return linear.qweight_t, linear.weight_scale, linear.column_sums, linear.bias
-
-
 def _norm_params(norm: nn.LayerNorm) -> tuple:
     return norm.weight, norm.bias, norm.eps
 
@@ -222,8 +220,8 @@ class Int8EncoderLayer(EncoderLayer):
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         run = _FUSED.after_attention(self.act)
-        params = (_linear_params(self.attn_out), _norm_params(self.attn_norm), _linear_params(self.ffn_in),
-                  _linear_params(self.ffn_out), _norm_params(self.ffn_norm))
+        params = (self.attn_out.terms(), _norm_params(self.attn_norm), self.ffn_in.terms(),
+                  self.ffn_out.terms(), _norm_params(self.ffn_norm))
         rows = max(256, CHUNK_ELEMENTS // self.ffn_in.out_features)
         out = torch.empty_like(x)  # (N, H)
         for start in range(0, x.shape[0], rows):

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from bertkit.malloc import glibc
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.metrics import Metrics
 from bertkit.serve.models import ServedModel
@@ -44,14 +45,8 @@ def _trimmer() -> Callable[[], Any] | None:
     stayed at ~385 MiB but every large tensor paid for a fresh mapping (-20% requests/s).
     malloc_trim(0) every TRIM_EVERY seconds returns the free pages for a few milliseconds' work.
     """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
-        return None
+    libc = glibc()  # None where the C library is not glibc (musl, macOS): nothing to trim with
+    return None if libc is None else libc.malloc_trim
 
 
 @dataclass
