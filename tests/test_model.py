@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from bertkit import heads
@@ -231,6 +232,34 @@ def test_packed_forward_equals_each_sequence_alone(tiny_config):
         long = tiny_config.max_position_embeddings + 1
         model.forward_packed(torch.zeros(long, dtype=torch.long), torch.zeros(long, dtype=torch.long),
                              Packed.from_lengths([long]))
+
+
+def test_key_windows_equal_attention_over_each_sequence_alone(tiny_config):
+    """Packed attention through overlapping key windows (lengths 3–15 short of a multiple of 16)
+    equals SDPA over each sequence alone, windows at the end of the rows included, and a
+    sequence's output is bit-identical whatever its neighbours are."""
+    from bertkit.model import EncoderLayer, Packed, _key_windows
+
+    torch.manual_seed(0)
+    layer = EncoderLayer(tiny_config).eval()
+    nh, hs = layer.num_heads, layer.head_dim
+    lengths = [30, 30, 30, 23, 16, 17, 5, 5, 5, 5, 4]  # windows of 32, 32, 16, 16 and 16 keys
+    qkv = torch.randn(sum(lengths), 3 * nh * hs)
+    packed = Packed.from_lengths(lengths)
+    with torch.no_grad():
+        assert [_key_windows(layer, qkv, n) for n in (30, 23, 16, 17, 5, 4)] == [True, True, False, False, True, True]
+        out = packed.attend(layer, qkv)
+        for i, n in enumerate(lengths):
+            rows = slice(int(packed.starts[i]), int(packed.starts[i]) + n)
+            q, k, v = qkv[rows].view(1, n, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
+            alone = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, nh * hs)
+            assert (out[rows] - alone).abs().max() <= 1e-6
+        # the same 30-token sequence first, with other neighbours after it, and last
+        first = qkv[:30]
+        for neighbours in ([30, 7], [30, 30], [30]):
+            rows = torch.cat([first, torch.randn(sum(neighbours) - 30, qkv.shape[1]) * 100])
+            again = Packed.from_lengths(neighbours).attend(layer, rows)[:30]
+            assert torch.equal(again, out[:30])
 
 
 @pytest.mark.parametrize("padded", [True, False])
