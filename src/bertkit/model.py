@@ -303,17 +303,18 @@ def _window(length: int) -> int:
 
 def _key_windows(layer: "EncoderLayer", qkv: torch.Tensor, length: int) -> bool:
     """Whether sequences of `length` tokens attend through `_windowed_attention`: fp32 on the
-    CPU, at inference (no dropout, no autograd), for lengths up to 384 that are 3–15 tokens short of a multiple of 16.
+    CPU, at inference (no dropout, no autograd), for lengths of 8–384 tokens that are 1–13 short of
+    a multiple of 16 (length % 16 of 3–15).
 
     Why: the CPU flash-attention kernel runs the last length % 16 keys of each score row through
     its slow partial-vector path. Over 8,192 packed tokens of MiniLM's shape (12 heads of 32), a
     sweep of lengths 8–196 measured 1,469 against 652 ns per token at 30 tokens and 1,825 against
     827 at 47 (unpadded against windows of 32 and 48 keys); at one or two tokens past a multiple
-    of 16 (17, 33, 49, 65, 130) and past 384 (450, 510) the wider window read the same or slower,
-    so those lengths attend as they are. Measured in fp32 only: bf16 takes another path of the
+    of 16 (17, 33, 49, 65, 130), past 384 (450, 510) and below 8 (3 and 5 tokens in a 16-key
+    window) the wider window read the same or slower, so those lengths attend as they are. Measured in fp32 only: bf16 takes another path of the
     kernel, and autograd would have to run backwards through overlapping views.
     """
-    return (length % 16 > 2 and length <= 384 and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
+    return (length % 16 > 2 and 8 <= length <= 384 and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
             and qkv.stride(1) == 1 and not layer.training
             and not (torch.is_grad_enabled() and qkv.requires_grad))
 
@@ -328,7 +329,8 @@ def _windowed_attention(qkv: torch.Tensor, first: int, count: int, length: int, 
     sequences after it, masked with -inf. No copy: the windows are overlapping strided views of
     `qkv`, so the caller keeps every window inside its rows. Equal to attention over the sequence
     alone within float rounding (the masked keys get exactly zero weight), and still independent
-    of the neighbours, whose finite values are multiplied by those zeros."""
+    of the neighbours, whose finite values are multiplied by those zeros (a neighbour whose
+    projections overflowed to inf would turn its window's rows to NaN: a diverged model's)."""
     window, row = _window(length), qkv.stride(0)
     q = qkv[first:first + count * length].view(count, length, 3, nh, hs)[:, :, 0].transpose(1, 2)
     kv = qkv.as_strided((count, window, 2, nh, hs), (length * row, row, nh * hs, hs, 1),
