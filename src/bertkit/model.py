@@ -265,16 +265,9 @@ class Packed:
             # written in place: no concatenation of the runs' outputs afterwards
             target = out[rows].view(count, length, nh, hs)
             if _key_windows(layer, qkv, length):
-                window = _window(length)
-                fit = min(count, max(0, (qkv.shape[0] - first - window) // length + 1))
-                if fit:
-                    target[:fit].copy_(_windowed_attention(qkv, first, fit, length, nh, hs).transpose(1, 2))
-                if fit < count:  # windows that would run past the last row: the same from a zero-padded copy
-                    tail = qkv.new_zeros((count - fit) * length + window - length, qkv.shape[1])
-                    tail[:(count - fit) * length] = qkv[first + fit * length:first + count * length]
-                    target[fit:].copy_(_windowed_attention(tail, 0, count - fit, length, nh, hs).transpose(1, 2))
+                _windowed_attention(qkv, first, length, target)
                 continue
-            q, k, v = (qkv[first:first + count * length].view(count, length, 3, nh, hs)  # a view
+            q, k, v = (qkv[rows].view(count, length, 3, nh, hs)  # (c, L, 3, nh, hs), a view
                        .permute(2, 0, 3, 1, 4).unbind(0))  # (c, nh, L, hs) each
             y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
             target.copy_(y.transpose(1, 2))
@@ -303,44 +296,62 @@ def _window(length: int) -> int:
 
 def _key_windows(layer: "EncoderLayer", qkv: torch.Tensor, length: int) -> bool:
     """Whether sequences of `length` tokens attend through `_windowed_attention`: fp32 on the
-    CPU, at inference (no dropout, no autograd), for lengths of 8–384 tokens that are 1–13 short of
-    a multiple of 16 (length % 16 of 3–15).
+    CPU, at inference (no dropout, no autograd), for lengths of 8–384 tokens that are 1–13 short
+    of a multiple of 16 (length % 16 of 3–15).
 
     Why: the CPU flash-attention kernel runs the last length % 16 keys of each score row through
     its slow partial-vector path. Over 8,192 packed tokens of MiniLM's shape (12 heads of 32), a
     sweep of lengths 8–196 measured 1,469 against 652 ns per token at 30 tokens and 1,825 against
     827 at 47 (unpadded against windows of 32 and 48 keys); at one or two tokens past a multiple
     of 16 (17, 33, 49, 65, 130), past 384 (450, 510) and below 8 (3 and 5 tokens in a 16-key
-    window) the wider window read the same or slower, so those lengths attend as they are. Measured in fp32 only: bf16 takes another path of the
-    kernel, and autograd would have to run backwards through overlapping views.
+    window) the wider window read the same or slower, so those lengths attend as they are.
+    Measured in fp32 only: bf16 takes another path of the kernel, and autograd would have to run
+    backwards through overlapping views.
     """
-    return (length % 16 > 2 and 8 <= length <= 384 and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
-            and qkv.stride(1) == 1 and not layer.training
+    return (length % 16 > 2 and 8 <= length <= 384 and qkv.dtype == torch.float32
+            and qkv.device.type == "cpu" and qkv.stride(1) == 1 and not layer.training
             and not (torch.is_grad_enabled() and qkv.requires_grad))
 
 
 _MASKS: dict[int, torch.Tensor] = {}  # (1, 1, 1, window) -inf past each length, made once
 
 
-def _windowed_attention(qkv: torch.Tensor, first: int, count: int, length: int, nh: int, hs: int) -> torch.Tensor:
-    """Attention of `count` consecutive `length`-token sequences starting at row `first` of the
-    packed (N, 3H) projections → (count, nh, length, hs), each query reading a window of
-    `_window(length)` keys from its sequence's first row on: its own keys, then rows of the
-    sequences after it, masked with -inf. No copy: the windows are overlapping strided views of
-    `qkv`, so the caller keeps every window inside its rows. Equal to attention over the sequence
-    alone within float rounding (the masked keys get exactly zero weight), and still independent
-    of the neighbours, whose finite values are multiplied by those zeros (a neighbour whose
-    projections overflowed to inf would turn its window's rows to NaN: a diverged model's)."""
-    window, row = _window(length), qkv.stride(0)
-    q = qkv[first:first + count * length].view(count, length, 3, nh, hs)[:, :, 0].transpose(1, 2)
-    kv = qkv.as_strided((count, window, 2, nh, hs), (length * row, row, nh * hs, hs, 1),
-                        qkv.storage_offset() + first * row + nh * hs)  # (c, W, 2, nh, hs) windows of K, V
-    k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (c, nh, W, hs) each
+def _windowed_attention(qkv: torch.Tensor, first: int, length: int, out: torch.Tensor) -> None:
+    """Attention of the consecutive `length`-token sequences from row `first` of the packed
+    (N, 3H) projections, written into out (count, length, nh, hs): each query reads a window of
+    `_window(length)` keys from its sequence's first row on — its own keys, then rows of the
+    sequences after it, masked with -inf.
+
+    No copy: the windows are overlapping strided views of `qkv`. The few sequences whose window
+    would run past the last row read the same windows from a zero-padded copy of their rows, so
+    every sequence goes through the same kernel call shape. Equal to attention over the sequence
+    alone within float rounding (the masked keys get exactly zero weight), and bit-identical
+    whatever the neighbours are, whose finite values are multiplied by those zeros (a neighbour
+    whose projections overflowed to inf would turn its window's rows to NaN: a diverged model's).
+    """
+    count, _, nh, hs = out.shape
+    window = _window(length)
     if length not in _MASKS:
         mask = torch.zeros(1, 1, 1, window)
         mask[..., length:] = float("-inf")
         _MASKS[length] = mask
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=_MASKS[length])  # (c, nh, L, hs)
+
+    def attend(rows: torch.Tensor, start: int, sequences: int, target: torch.Tensor) -> None:
+        step = rows.stride(0)
+        q = rows[start:start + sequences * length].view(sequences, length, 3, nh, hs)[:, :, 0].transpose(1, 2)
+        kv = rows.as_strided((sequences, window, 2, nh, hs), (length * step, step, nh * hs, hs, 1),
+                             rows.storage_offset() + start * step + nh * hs)  # (c, W, 2, nh, hs) windows of K, V
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (c, nh, W, hs) each
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=_MASKS[length])  # (c, nh, L, hs)
+        target.copy_(y.transpose(1, 2))
+
+    fit = min(count, max(0, (qkv.shape[0] - first - window) // length + 1))  # windows inside qkv's rows
+    if fit:
+        attend(qkv, first, fit, out[:fit])
+    if fit < count:
+        tail = qkv.new_zeros((count - fit) * length + window - length, qkv.shape[1])  # (rows, 3H)
+        tail[:(count - fit) * length] = qkv[first + fit * length:first + count * length]
+        attend(tail, 0, count - fit, out[fit:])
 
 
 # ---------------------------------------------------------------------------------------------
