@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
 
 install: $(STAMP)
 
@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml
 demo: install
 	$(VENV)/bin/bertkit quickstart
 
-test: install
+# The layers (import-linter, pyproject.toml) and ruff's rules first: seconds, and a broken layer
+# or an unused import fails before the suite starts.
+lint: install
+	$(VENV)/bin/ruff check src tests bench docs
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest
 
 bench: install

@@ -46,7 +46,7 @@ from bertkit.train.finetune import finetune
 
 def engine_scores(model_dir: Path, texts: list[str], gold: list[str], max_length: int, rounds_out: list) -> float:
     """Accuracy through the inference engine (one pass); the engine is kept for the timing rounds."""
-    engine = Engine.load(model_dir, task="classify", precision="fp32", max_length=max_length)
+    engine = Engine.load(model_dir, use="classify", precision="fp32", max_length=max_length)
     logits = classify_logits(engine, texts, None)  # (N, K)
     names = [engine.config.id2label[i] for i in range(logits.shape[1])]
     predicted = [names[i] for i in logits.argmax(-1).tolist()]
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nen-news test ({len(texts)} articles), fp32, {torch.get_num_threads()} threads, "
           f"load average now {os.getloadavg()[0]:.2f}")
-    print(f"{'model':<12} {'layers':>6} {'test acc (windows)':>19} {'test acc (engine)':>18} {'articles/s':>11} {'speed':>6}")
+    print(f"{'model':<12} {'layers':>6} {'test acc (windows)':>19} {'test acc (engine)':>18} "
+          f"{'articles/s':>11} {'speed':>6}")
     for name in dirs:
         print(f"{name:<12} {layers[name]:>6} {run_accuracy[name]:>19.4f} {engine_accuracy[name]:>18.4f} "
               f"{throughput[name]:>11.1f} {throughput[name] / throughput['teacher']:>5.2f}×")

@@ -118,8 +118,12 @@ def _peer_accuracy(model, tokenizer, examples, label2id, args, autocast) -> floa
 
 def run_peer(args: argparse.Namespace, out: Path) -> dict:
     """One transformers run, as a careful user writes it; the same measurements as `run_ours`."""
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,
-                              get_linear_schedule_with_warmup)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        get_linear_schedule_with_warmup,
+    )
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
     shutil.rmtree(out, ignore_errors=True)
@@ -279,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(args.out / "results.json", {"settings": {k: str(v) for k, v in vars(args).items()},
                                                   "runs": runs, "speedup": speedup, "step_ratio": step_ratio,
                                                   "accuracy_gap_points": gap, "accuracy_gaps_by_round": gaps})
+    verdict = "equal within 0.5" if abs(gap) <= 0.5 else "ours higher" if gap > 0 else "ours lower"
     print(f"train steps/s ratio: {step_ratio:.2f}×; test accuracy ours − peer: {gap:+.2f} points over "
-          f"{len(gaps)} round(s){error} ({'equal within 0.5' if abs(gap) <= 0.5 else 'ours higher' if gap > 0 else 'ours lower'})")
+          f"{len(gaps)} round(s){error} ({verdict})")
     print(f"whole-run speedup: {speedup:.2f}×")
     return 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -62,17 +63,17 @@ def main() -> None:
     rows, reference = [], None
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         peer = SentenceTransformer(str(model_dir), device=args.device, model_kwargs={"torch_dtype": dtype})
-        seconds, vectors = timed(lambda: peer.encode(texts, batch_size=ST_BATCH, convert_to_numpy=True,
-                                                     show_progress_bar=False), args.device, args.repeats)
+        seconds, vectors = timed(partial(peer.encode, texts, batch_size=ST_BATCH, convert_to_numpy=True,
+                                         show_progress_bar=False), args.device, args.repeats)
         reference = vectors if reference is None else reference
         rows.append((f"sentence-transformers {precision}", precision, seconds, vectors))
-        engine = Engine.load(model_dir, task="embed", precision=precision, device=args.device)
-        seconds, vectors = timed(lambda: embed(engine, texts).float().cpu(), args.device, args.repeats)
+        engine = Engine.load(model_dir, use="embed", precision=precision, device=args.device)
+        seconds, vectors = timed(lambda e=engine: embed(e, texts).float().cpu(), args.device, args.repeats)
         rows.append((f"bertkit {precision}", precision, seconds, vectors))
         del peer, engine
     print(f"{'side':<28} {'sentences/s':>12} {'min cos vs st fp32':>19}")
     rate = {}
-    for label, precision, seconds, vectors in rows:
+    for label, _, seconds, vectors in rows:
         cos = (vectors * reference).sum(1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1))
         rate[label] = len(texts) / seconds
         print(f"{label:<28} {rate[label]:>12,.1f} {cos.min():>19.5f}")

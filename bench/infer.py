@@ -185,8 +185,7 @@ def _job_st_onnx(spec: dict, texts: list[str], int8: bool) -> tuple[list[float],
 
 
 def _job_ort(spec: dict, texts: list[str], int8: bool) -> tuple[list[float], np.ndarray, str]:
-    from optimum.onnxruntime import (AutoQuantizationConfig, ORTModelForFeatureExtraction,
-                                     ORTOptimizer, ORTQuantizer)
+    from optimum.onnxruntime import AutoQuantizationConfig, ORTModelForFeatureExtraction, ORTOptimizer, ORTQuantizer
     from optimum.onnxruntime.configuration import OptimizationConfig
     from transformers import AutoTokenizer
     work = Path(spec["work_dir"]) / "ort"
@@ -361,7 +360,7 @@ def matmul_peaks(threads: int) -> dict[str, float]:
         else:
             w = torch.randn(1024, 1024, generator=g, dtype=dtype)
             xd = x.to(dtype)
-            peaks[name] = fastest(lambda: xd @ w.T)
+            peaks[name] = fastest(lambda xd=xd, w=w: xd @ w.T)
     import warnings
     with warnings.catch_warnings():  # torch.ao's deprecation notice, not news to a bench reader
         warnings.simplefilter("ignore")
@@ -404,7 +403,7 @@ def minilm_dir() -> Path:
 def bbc_sentences(n: int) -> list[str]:
     """The first n sentences of the built-in BBC corpus, articles in corpus order, each split into
     sentences (title first): the order texts arrive in when a corpus is embedded."""
-    from bertkit.data.builtin import load_builtin
+    from bertkit.data.corpus import load_builtin
     documents = load_builtin("bbc-news").documents
     sentences = [s for doc in documents for s in doc]
     if n > len(sentences):
@@ -428,7 +427,7 @@ def texts_of_lengths(tokenizer_file: Path, n: int, low: int, high: int, seed: in
     so re-tokenizing it gives the drawn length (a word's pieces never change with context)."""
     from tokenizers import Tokenizer
 
-    from bertkit.data.builtin import load_builtin
+    from bertkit.data.corpus import load_builtin
     tok = Tokenizer.from_file(str(tokenizer_file))
     tok.no_padding()
     tok.no_truncation()
@@ -484,7 +483,7 @@ def make_cross_encoder(out_dir: Path, minilm: Path) -> Path:
 def ranking_groups(queries: int, docs_per_query: int, seed: int) -> list[tuple[str, list[str]]]:
     """(query, documents) groups from BBC: a query is an article's title; its documents are that
     article's opening (up to 5 sentences after the title) and the openings of others, shuffled."""
-    from bertkit.data.builtin import load_builtin
+    from bertkit.data.corpus import load_builtin
     documents = [d for d in load_builtin("bbc-news").documents if len(d) >= 3]
     rng = random.Random(seed)
     picked = rng.sample(range(len(documents)), queries * docs_per_query)
@@ -536,7 +535,7 @@ PEER_INFO: dict[str, dict] = {}
 def run_ours_embed(model_dir: Path, texts: list[str], precision: str, max_length: int,
                    args: argparse.Namespace, **embed_options) -> tuple[list[float], np.ndarray, str]:
     from bertkit.inference import Engine, embed
-    engine = Engine.load(model_dir, task="embed", precision=precision, threads=args.threads,
+    engine = Engine.load(model_dir, use="embed", precision=precision, threads=args.threads,
                          max_length=max_length)
     seconds, out = timed_passes(lambda t: embed(engine, t, **embed_options), texts, args.repeats)
     return seconds, np.asarray(out, np.float32), f"bertkit embed ({engine.precision})"
@@ -545,7 +544,7 @@ def run_ours_embed(model_dir: Path, texts: list[str], precision: str, max_length
 def run_ours_rerank(model_dir: Path, groups: list, precision: str,
                     args: argparse.Namespace) -> tuple[list[float], np.ndarray, str]:
     from bertkit.inference import Engine, rerank
-    engine = Engine.load(model_dir, task="rerank", precision=precision, threads=args.threads,
+    engine = Engine.load(model_dir, use="rerank", precision=precision, threads=args.threads,
                          max_length=BASE_MAX_LENGTH)
 
     def run(batch_groups: list) -> np.ndarray:

@@ -39,7 +39,7 @@ def main() -> None:
     reference = None
     deltas = {}
     for precision in ("fp32", "bf16", "int8"):
-        engine = Engine.load(args.model, task="classify", precision=precision)
+        engine = Engine.load(args.model, use="classify", precision=precision)
         classify(engine, texts[:8], pairs[:8] if pairs else None)  # warm-up (int8 compiles its kernels)
         started = time.perf_counter()
         rows = classify(engine, texts, pairs)

@@ -20,7 +20,7 @@ from pathlib import Path
 def main() -> None:
     from bertkit.data.builtin import clear_builtin_cache, package_file
     from bertkit.data.corpus import load_corpus
-    from bertkit.data.shards import prepare
+    from bertkit.data.prepare import prepare
     from bertkit.tokenizer import BertTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

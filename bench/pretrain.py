@@ -43,9 +43,10 @@ import torch
 
 from bertkit.config import BertConfig
 from bertkit.data.builtin import package_file
-from bertkit.data.shards import PretrainingBatches, PretrainingData, prepare
-from bertkit.train.optim import build_optimizer, lr_schedule
+from bertkit.data.prepare import prepare
+from bertkit.data.shards import PretrainingBatches, PretrainingData
 from bertkit.precision import matmul_rate, resolve_precision
+from bertkit.train.optim import build_optimizer, lr_schedule
 from bertkit.train.pretrain import PretrainConfig, pretrain
 from bertkit.train.state import read_metrics
 

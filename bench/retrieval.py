@@ -61,7 +61,7 @@ def dense_run(model, ids, texts, queries, max_length, k=100):
     """Exact search of every test query; returns (run, ms per query to embed + search, a function
     giving (scores, rows) of the top k corpus rows of more queries with the same engine and
     corpus vectors)."""
-    engine = Engine.load(model, task="embed", max_length=max_length)
+    engine = Engine.load(model, use="embed", max_length=max_length)
     vectors = embed(engine, texts).numpy()  # (N, H) the corpus, embedded once per model
 
     def scored(query_texts, k=k):
@@ -233,7 +233,9 @@ def main() -> int:
                      "biencoder": round(results["biencoder"]["mrr@10"], 4),
                      "biencoder_ft": round(results["biencoder_ft"]["mrr@10"], 4),
                      "reranked": round(next(v for k, v in results.items() if k.startswith("reranked"))["mrr@10"], 4)}
-            final.update({"fused": round(v["mrr@10"], 4) for k, v in results.items() if k.startswith("fused")})
+            fused = [round(v["mrr@10"], 4) for k, v in results.items() if k.startswith("fused")]
+            if fused:
+                final["fused"] = fused[-1]
     print(json.dumps(final))
     return 0
 

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def bbc_sentences(n: int) -> list[str]:
     """The first n sentences of the built-in BBC corpus (articles in corpus order, title first)."""
-    from bertkit.data.builtin import load_builtin
+    from bertkit.data.corpus import load_builtin
     sentences = [s for doc in load_builtin("bbc-news").documents for s in doc]
     return sentences[:n]
 
@@ -287,7 +287,8 @@ def main() -> None:
                             args.infinity_python, args.precision)
     for note in notes:
         print(note)
-    print(f"{'server':18} {'clients':>7} {'req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  errors")
+    print(f"{'server':18} {'clients':>7} {'req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p95 ms':>8} "
+          f"{'p99 ms':>8}  errors")
     results: dict[str, dict[int, Level]] = {}
     for server in chosen:
         try:
@@ -338,7 +339,8 @@ def soak(model: Path, texts: list[str], lengths: list[int], args) -> None:
     errors = {k: v for k, v in totals.items() if k != 200}
     print(f"soak {args.soak:g} min at 64 clients: {totals.get(200, 0)} ok, errors {errors or 'none'}; "
           f"resident memory {start_rss:.0f} → {end_rss:.0f} MiB ({(end_rss / start_rss - 1) * 100:+.1f}%; "
-          f"from the end of the first minute, {first_minute_rss:.0f} MiB: {(end_rss / first_minute_rss - 1) * 100:+.1f}%)")
+          f"from the end of the first minute, {first_minute_rss:.0f} MiB: "
+          f"{(end_rss / first_minute_rss - 1) * 100:+.1f}%)")
 
 
 if __name__ == "__main__":

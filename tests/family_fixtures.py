@@ -13,8 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
-                        trainers)
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello tokenizers!",
           "Paris is the capital of France.", "Berlin is the capital of Germany.",
@@ -44,8 +43,8 @@ def albert_tokenizer_dir(work: Path, corpus=CORPUS, vocab_size: int = 150) -> Pa
                                            normalizers.Lowercase(), normalizers.Replace(Regex(" {2,}"), " ")])
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
-                                      unk_token="<unk>")
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                      special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"])
     tok.train_from_iterator(corpus, trainer)
     tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])  # as ALBERT's files have it
     tok.post_processor = processors.TemplateProcessing(

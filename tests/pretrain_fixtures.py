@@ -43,8 +43,8 @@ def make_data(root: Path, *, nsp: bool = True, n_docs: int = 300, vocab_size: in
               max_seq_len: int = 32, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
     """A prepared DATA_DIR under `root` (tokenizer trained there unless `tokenizer_dir` is given)."""
     from bertkit.data.corpus import Corpus
-    from bertkit.data.shards import prepare
-    from bertkit.tokenizer import train_tokenizer
+    from bertkit.data.prepare import prepare
+    from bertkit.data.vocab import train_tokenizer
 
     corpus = Corpus.from_documents(synthetic_documents(n_docs, seed), name="synthetic")
     if tokenizer_dir is None:

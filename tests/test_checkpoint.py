@@ -103,7 +103,8 @@ def test_missing_pooler_is_initialised_and_reported(tiny_config, tmp_path):
 
 def test_shape_mismatch_names_the_tensor(tiny_config, tmp_path):
     heads.BertForSequenceClassification(tiny_config.replace(num_labels=3)).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match=r"tensor classifier\.bias has shape \(3,\) in the checkpoint but \(5,\) in the model"):
+    with pytest.raises(CheckpointError,
+                       match=r"tensor classifier\.bias has shape \(3,\) in the checkpoint but \(5,\) in the model"):
         heads.BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5)
 
 

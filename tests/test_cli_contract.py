@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +25,7 @@ import torch
 
 from bertkit import cli
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pretrain_fixtures import TINY_MODEL, make_data  # noqa: E402
+from pretrain_fixtures import TINY_MODEL, make_data
 
 CASES = ("unwritable_output", "output_under_file", "existing_output", "non_utf8_input",
          "binary_input", "missing_input", "dir_for_file", "wrong_model_kind", "truncated_weights")
@@ -175,8 +172,7 @@ def not_applicable(command: str, spec: Spec) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> dict[str, Path]:
     from bertkit.config import BertConfig
-    from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                               BertForTokenClassification)
+    from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
     from bertkit.model import BertForPreTraining
     from bertkit.tokenizer import BertTokenizer
     from bertkit.train import finetune as ft

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from bertkit.data.builtin import BUILTIN_CORPORA, load_builtin, peoples_daily_words
-from bertkit.data.corpus import Corpus, load_corpus, split_sentences
+from bertkit.data.builtin import BUILTIN_CORPORA, peoples_daily_words
+from bertkit.data.corpus import Corpus, load_builtin, load_corpus
+from bertkit.text import split_sentences
 
 
 def test_english_sentences_keep_abbreviations_together():

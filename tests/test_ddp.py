@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bertkit.train import state
+
 from pretrain_fixtures import cli_command, cli_env, make_data, one_thread, train_losses, write_model_config  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")

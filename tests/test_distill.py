@@ -17,6 +17,7 @@ from bertkit.model import BertForMaskedLM, BertForPreTraining
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import distill as ds
 from bertkit.train import state
+
 from pretrain_fixtures import TINY_MODEL, make_data, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -194,19 +195,19 @@ def test_ner_task_distillation_with_unlabeled_text(tmp_path, minilm_dir):
 
     # the soft loss over all 24 features (dropout off), before and after: batches differ in their
     # mix of labelled and unlabeled rows, so single steps are not comparable
-    from bertkit.data.tasks.common import WordPieces, pad_batch
+    from bertkit.data.tasks.common import pad_batch
     from bertkit.train import finetune as ft
 
     teacher_model = BertForTokenClassification.from_pretrained(teacher)
-    pieces = WordPieces.of(BertTokenizer.from_pretrained(teacher))
     runner = ft.TASK_CLASSES["ner"](ft.FinetuneConfig(task="ner", model=str(teacher), train=str(train),
-                                                      out_dir=str(tmp_path / "x"), max_length=16), pieces)
+                                                      out_dir=str(tmp_path / "x"), max_length=16),
+                                    BertTokenizer.from_pretrained(teacher))
     runner.load_labels(teacher_model.config)
     config = ds.DistillConfig(teacher=str(teacher), out_dir=str(tmp_path / "x"), task="ner", train=str(train),
                               unlabeled=str(text), **TASK)
-    features = ds._TaskData(config, runner, pieces).features
+    features = ds._TaskData(config, runner).features
     assert sum(ds.UNLABELED_WORD in f["labels"] for f in features) == 8  # the 8 lines of raw text
-    batch = pad_batch(features, pieces.pad_id)
+    batch = pad_batch(features, runner.pieces.pad_id)
     before = ds.student_from_teacher(teacher_model, [0, 2]).eval()
     after = BertForTokenClassification.from_pretrained(tmp_path / "out" / "model")
     with torch.no_grad():

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit import checkpoint, cli
+from bertkit import checkpoint, cli, tasks
 from bertkit.config import BertConfig
 from bertkit.data.corpus import CorpusStats
 from bertkit.data.report import DataReport, plural, read_text
 from bertkit.fileio import check_writable_output
-from bertkit.heads import BertForSequenceClassification, BertForTokenClassification
+from bertkit.heads import BertForSequenceClassification
 from bertkit.model import BertForPreTraining, BertModel
 
 
@@ -60,7 +60,7 @@ def test_unwritable_location_is_named_with_the_fix(tmp_path, monkeypatch):
 
 
 def test_predict_checks_the_output_before_loading_anything(tmp_path):
-    from bertkit.train.finetune import predict
+    from bertkit.inference.jobs import predict_file as predict
 
     # The model does not even exist: the output error must come first, before any work.
     (tmp_path / "out").mkdir()
@@ -69,7 +69,7 @@ def test_predict_checks_the_output_before_loading_anything(tmp_path):
 
 
 def test_predict_on_a_model_without_labels_or_of_another_kind(tmp_path):
-    from bertkit.train.finetune import predict
+    from bertkit.inference.jobs import predict_file as predict
 
     pt = tmp_path / "pt"
     BertForPreTraining(tiny()).save_pretrained(pt)
@@ -98,11 +98,11 @@ def test_predict_on_a_model_without_labels_or_of_another_kind(tmp_path):
 
 def test_check_architecture_lets_matching_and_unnamed_models_through():
     config = tiny()
-    checkpoint.check_architecture("m", config, BertForTokenClassification, "fix")  # no architectures
+    tasks.check_architecture("m", config, "ForTokenClassification", "fix")  # no architectures
     named = BertConfig.from_dict({**config.to_dict(), "architectures": ["BertForTokenClassification"]})
-    checkpoint.check_architecture("m", named, BertForTokenClassification, "fix")
+    tasks.check_architecture("m", named, "ForTokenClassification", "fix")
     with pytest.raises(ValueError, match="token classifier.*not a sequence classifier; fix"):
-        checkpoint.check_architecture("m", named, BertForSequenceClassification, "fix")
+        tasks.check_architecture("m", named, "ForSequenceClassification", "fix")
 
 
 # ------------------------------------------------------------------ item 2: weights' mode, permissions
@@ -241,12 +241,9 @@ def test_squad_eval_answer_at_a_wrong_offset_is_reported(tmp_path):
 
 
 def test_too_few_instances_names_a_real_flag(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from pretrain_fixtures import make_data
-
     from bertkit.data.shards import PretrainingBatches, PretrainingData
+
+    from pretrain_fixtures import make_data
 
     data = PretrainingData(make_data(tmp_path, n_docs=20), "eval")
     with pytest.raises(ValueError, match="lower --batch-size") as info:

@@ -8,7 +8,6 @@ the Embeddings module, the attention weights equal to transformers' `output_atte
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,7 @@ from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity
 from bertkit.model import BertForMaskedLM
 from bertkit.tokenizer import BertTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_fixtures import save_tiny  # noqa: E402
+from model_fixtures import save_tiny
 
 TEXT = "the central bank raised interest rates by a quarter of a point."
 MASKED = "the central bank raised [MASK] rates."
@@ -231,7 +229,6 @@ def test_cli_prints_the_url_and_serves_the_page(dirs):
     import re
     import signal
     import subprocess
-    import sys
     import time
 
     import httpx

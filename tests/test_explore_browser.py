@@ -14,11 +14,19 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
+
+from bertkit.explore import Explorer, build_app
+from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity
+from bertkit.model import BertForMaskedLM
+from bertkit.tokenizer import BertTokenizer
+
+from model_fixtures import save_tiny
+from web_fixtures import running_app
 
 try:
     from selenium import webdriver
@@ -36,16 +44,6 @@ if not CHROMIUM or not CHROMEDRIVER:
     pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; "
                 ".ci/run installs them)", allow_module_level=True)
 
-from bertkit.explore import Explorer, build_app  # noqa: E402
-from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,  # noqa: E402
-                           BertForTokenClassification)
-from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity  # noqa: E402
-from bertkit.model import BertForMaskedLM  # noqa: E402
-from bertkit.tokenizer import BertTokenizer  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from model_fixtures import save_tiny  # noqa: E402
-from web_fixtures import running_app  # noqa: E402
 
 WAIT = 20  # seconds: the slowest step (the first request loads nothing, but CI machines are slow)
 
@@ -210,9 +208,10 @@ def test_visibility_shows_both_masks_and_the_leak(page, api, shots):
     text = root.find_element(By.ID, "vis-text").get_attribute("value")
     data = api("/api/visibility", {"text": text, "position": 3})
     act(page, root, lambda: all_of(root, "visibility-gpt-token")[3].click())
-    assert [b.find_element(By.CLASS_NAME, "token-text").text for b in all_of(root, "visibility-bert-token")] == data["tokens"]
-    assert [b.get_attribute("data-visible") for b in all_of(root, "visibility-bert-token")] == ["1"] * len(data["tokens"])
-    assert [b.get_attribute("data-visible") for b in all_of(root, "visibility-gpt-token")] == [str(v) for v in data["gpt"][3]]
+    bert, gpt = all_of(root, "visibility-bert-token"), all_of(root, "visibility-gpt-token")
+    assert [b.find_element(By.CLASS_NAME, "token-text").text for b in bert] == data["tokens"]
+    assert [b.get_attribute("data-visible") for b in bert] == ["1"] * len(data["tokens"])
+    assert [b.get_attribute("data-visible") for b in gpt] == [str(v) for v in data["gpt"][3]]
     assert root.find_element(By.CSS_SELECTOR, '[data-testid="visibility-gpt-count"]').text == "4"
     gpt_cells = all_of(root, "visibility-gpt-cell")
     assert len(gpt_cells) == len(data["tokens"]) ** 2
@@ -254,7 +253,8 @@ def check_masking(root, data):
     selected = [t.get_attribute("data-position") for t in all_of(root, "masking-token")
                 if t.get_attribute("data-selected") == "true"]
     assert selected == [str(i) for i, k in enumerate(data["kinds"]) if k]
-    assert [t.find_element(By.CLASS_NAME, "token-text").text for t in all_of(root, "masking-input")] == data["input_tokens"]
+    inputs = all_of(root, "masking-input")
+    assert [t.find_element(By.CLASS_NAME, "token-text").text for t in inputs] == data["input_tokens"]
     assert [t.find_element(By.CLASS_NAME, "token-text").text for t in all_of(root, "masking-label")] == \
         [str(x) for x in data["labels"]]
     rows = all_of(root, "masking-prediction")
@@ -264,7 +264,8 @@ def check_masking(root, data):
         assert [t.get_attribute("data-token") for t in top] == [c["token"] for c in expected["top"]]
         assert [float(t.get_attribute("data-prob")) for t in top] == [c["prob"] for c in expected["top"]]
         assert [t.find_element(By.CLASS_NAME, "num").text for t in top] == [prob(c["prob"]) for c in expected["top"]]
-        assert row.find_element(By.CSS_SELECTOR, '[data-testid="masking-prob-true"]').text == prob(expected["prob_true"])
+        shown = row.find_element(By.CSS_SELECTOR, '[data-testid="masking-prob-true"]').text
+        assert shown == prob(expected["prob_true"])
     assert root.find_element(By.CSS_SELECTOR, '[data-testid="masking-loss"]').text == f"{data['loss']:.4f}"
 
 
@@ -277,7 +278,8 @@ def test_masking_shows_the_draw_and_the_models_guesses(page, api, shots):
     act(page, root, lambda: root.find_element(By.CSS_SELECTOR, '[data-testid="masking-reseed"]').click())
     assert root.find_element(By.ID, "mask-seed").get_attribute("value") == "1"
     check_masking(root, api("/api/masking", {"text": long_text, "seed": 1, "whole_word": False}))
-    act(page, root, lambda: root.find_element(By.CSS_SELECTOR, '[data-testid="masking-whole-word"]').send_keys(Keys.SPACE))
+    whole_word = root.find_element(By.CSS_SELECTOR, '[data-testid="masking-whole-word"]')
+    act(page, root, lambda: whole_word.send_keys(Keys.SPACE))
     check_masking(root, api("/api/masking", {"text": long_text, "seed": 1, "whole_word": True}))
     screenshot(page, shots, "3-masking")
     chinese = "北京是中国的首都，也是全国的政治和文化中心。"  # jieba's words are shown under the tokens
@@ -296,7 +298,8 @@ def check_fill_mask(root, texts, dirs):
         rows = all_of(column, "fillmask-row")
         (candidates,) = masks
         assert [r.get_attribute("data-token") for r in rows] == [c.token for c in candidates]
-        assert [float(r.get_attribute("data-prob")) for r in rows] == pytest.approx([c.prob for c in candidates], abs=1e-6)
+        shown = [float(r.get_attribute("data-prob")) for r in rows]
+        assert shown == pytest.approx([c.prob for c in candidates], abs=1e-6)
         assert [r.find_element(By.CSS_SELECTOR, '[data-testid="fillmask-prob"]').text for r in rows] == \
             [prob(c.prob) for c in candidates]
 
@@ -334,8 +337,8 @@ def test_attention_grid_head_and_padding_panel(page, api, shots):
     data = api("/api/attention", {"text": text, "pad": 4, "layer": 1, "head": 2})
     thumbs = all_of(root, "attention-thumb")
     assert len(thumbs) == data["layers"] * data["heads"]
-    act(page, root, lambda: [t for t in thumbs if (t.get_attribute("data-layer"), t.get_attribute("data-head")) == ("1", "2")][0]
-        .send_keys(Keys.ENTER))
+    (thumb,) = [t for t in thumbs if (t.get_attribute("data-layer"), t.get_attribute("data-head")) == ("1", "2")]
+    act(page, root, lambda: thumb.send_keys(Keys.ENTER))
     head = root.find_element(By.CSS_SELECTOR, '[data-testid="attention-head"]')
     assert (head.get_attribute("data-layer"), head.get_attribute("data-head")) == ("1", "2")
     n = len(data["tokens"])
@@ -385,7 +388,8 @@ def test_tasks_show_each_models_answer(page, dirs, explorer, shots):
     question, context = inputs["reader"]
     best = qa(dirs["qa"], [question], [context], top_k=3)[0][0]
     answer = cards["reader"].find_element(By.CSS_SELECTOR, '[data-testid="task-qa-answer"]')
-    assert (int(answer.get_attribute("data-start")), int(answer.get_attribute("data-end"))) == (best["start"], best["end"])
+    shown = (int(answer.get_attribute("data-start")), int(answer.get_attribute("data-end")))
+    assert shown == (best["start"], best["end"])
     assert answer.text.startswith(context[best["start"]:best["end"]].strip())
 
     query, documents = inputs["ranker"]

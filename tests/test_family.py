@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bertkit.config import BertConfig
+from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.packing import Packed
+
 transformers = pytest.importorskip("transformers")
 
-from bertkit.config import BertConfig  # noqa: E402
-from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,  # noqa: E402
-                           BertForTokenClassification)
-from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel, Packed  # noqa: E402
 
 TOL = 1e-5
 VOCAB, LENGTH, BATCH = 97, 13, 4

@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 
+from bertkit.cli import main
+from bertkit.inference import embed, fill_mask
+
+from family_fixtures import PREFIX, make_checkpoint
+
 transformers = pytest.importorskip("transformers")
 
-from bertkit.cli import main  # noqa: E402
-from bertkit.inference import embed, fill_mask  # noqa: E402
-
-from family_fixtures import PREFIX, make_checkpoint  # noqa: E402
 
 FAMILIES = tuple(PREFIX)
 MASK = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]"}
@@ -81,11 +82,14 @@ def test_finetune_then_predict_match_transformers(family, checkpoints, tmp_path)
     assert main(["predict", "--model", str(out), "--input", str(data), "--out", str(predictions),
                  "--no-progress"]) == 0
     rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    texts = TEXTS * 2
+    assert [r["line"] for r in rows] == list(range(2, len(texts) + 2))  # after the header
     model, info = transformers.AutoModelForSequenceClassification.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     with torch.no_grad():
-        probs = model.eval()(**tokenizer([r["text"] for r in rows], padding=True, return_tensors="pt")).logits.softmax(-1)
+        batch = tokenizer(texts, padding=True, return_tensors="pt")
+        probs = model.eval()(**batch).logits.softmax(-1)
     labels = [model.config.id2label[i] for i in range(probs.shape[1])]
     ours = torch.tensor([[r["scores"][name] for name in labels] for r in rows])
     assert float((ours - probs).abs().max()) <= 1e-5

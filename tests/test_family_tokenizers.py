@@ -8,16 +8,13 @@ Every vocabulary is trained here with `tokenizers` on a few sentences: nothing d
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from bertkit.tokenizer import BertTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from family_fixtures import albert_tokenizer_dir  # noqa: E402
+from family_fixtures import albert_tokenizer_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -85,7 +82,8 @@ def test_albert_unigram_tokenizer_json_gives_transformers_ids(tmp_path):
     texts = [t.replace("<mask>", "[MASK]") for t in TEXTS]
     assert ours.pad_token_id == theirs.pad_token_id == 0 and ours.mask_token_id == theirs.mask_token_id
     assert ours_ids(ours, texts, PAIRS) == ids(theirs(texts, PAIRS))
-    assert [e.type_ids for e in ours.encode_batch(texts, PAIRS)] == theirs(texts, PAIRS, return_token_type_ids=True)["token_type_ids"]
+    reference = theirs(texts, PAIRS, return_token_type_ids=True)["token_type_ids"]
+    assert [e.type_ids for e in ours.encode_batch(texts, PAIRS)] == reference
 
 
 def spiece_dir(directory):

@@ -15,9 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from bertkit.config import BertConfig
+from bertkit.inference.jobs import predict_file
+from bertkit.metrics import squad_scores
 from bertkit.model import BertForPreTraining
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import finetune as ft
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -107,12 +110,13 @@ def test_classify_end_to_end_with_transformers_parity(tmp_path, base_dir):
 
     # predict writes a label and probabilities per row
     preds_path = tmp_path / "pred.jsonl"
-    summary = ft.predict(out, dev, preds_path, progress=False)
+    summary = predict_file(out, dev, preds_path, progress=False)
     preds = [json.loads(line) for line in preds_path.read_text().splitlines()]
-    assert summary["n"] == len(preds) == 40
+    assert summary["task"] == "classify" and summary["rows"] == len(preds) == 40
     assert all(p["label"] in ("neg", "pos") and abs(sum(p["scores"].values()) - 1) < 1e-5 for p in preds)
+    assert [p["line"] for p in preds] == list(range(1, 41))
     with pytest.raises(FileExistsError, match="--overwrite"):
-        ft.predict(out, dev, preds_path, progress=False)
+        predict_file(out, dev, preds_path, progress=False)
 
 
 def test_pair_regression_inferred_from_float_labels(tmp_path, base_dir):
@@ -131,7 +135,7 @@ def test_pair_regression_inferred_from_float_labels(tmp_path, base_dir):
     lines = tmp_path / "single.txt"
     lines.write_text("the film was good\n", encoding="utf-8")
     with pytest.raises(ValueError, match="holds single texts .* the model is for text pairs"):
-        ft.predict(out, lines, tmp_path / "pred.jsonl", progress=False)
+        predict_file(out, lines, tmp_path / "pred.jsonl", progress=False)
     config = json.loads((out / "config.json").read_text())
     assert config["problem_type"] == "regression" and len(config["id2label"]) == 1
     records = epochs_of(out)
@@ -190,11 +194,18 @@ def test_ner_end_to_end_with_transformers_parity(tmp_path, base_dir):
     # raw text in, entities with character offsets out
     text = tmp_path / "raw.txt"
     text.write_text("mary visited paris\n", encoding="utf-8")
-    ft.predict(out, text, tmp_path / "ents.jsonl", progress=False)
+    predict_file(out, text, tmp_path / "ents.jsonl", progress=False)
     (row,) = [json.loads(line) for line in (tmp_path / "ents.jsonl").read_text().splitlines()]
     for entity in row["entities"]:
-        assert row["text"][entity["start"]:entity["end"]] == entity["text"]
+        assert "mary visited paris"[entity["start"]:entity["end"]] == entity["text"]
         assert entity["type"] in ("PER", "LOC")
+    # CoNLL words in: tags per word, as evaluation decodes them (the dev F1 is measured on these)
+    predict_file(out, dev, tmp_path / "tags.jsonl", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "tags.jsonl").read_text().splitlines()]
+    gold = [r["tags"] for r in ner_rows(30, 2)]
+    assert [r["tokens"] for r in rows] == [r["tokens"] for r in ner_rows(30, 2)]
+    from bertkit.metrics import entity_scores
+    assert entity_scores([r["tags"] for r in rows], gold).f1 == pytest.approx(result["eval"]["f1"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,12 +251,24 @@ def test_qa_end_to_end_with_transformers_parity(tmp_path, base_dir, v2):
         assert getattr(mine, field).shape == batch["input_ids"].shape
         assert torch.allclose(getattr(mine, field), theirs, atol=1e-5)
 
-    ft.predict(out, dev, tmp_path / "answers.jsonl", progress=False)
-    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    predict_file(out, dev, tmp_path / "answers.jsonl", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
     contexts = {qa["id"]: p["context"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"]
                 for qa in p["qas"]}
-    assert len(answers) == len(contexts)
-    assert all(a["text"] in contexts[a["id"]] for a in answers)  # spans of the passage, or ""
+    assert len(rows) == len(contexts)
+    for row in rows:  # spans of the passage at their offsets, or ""
+        (best,) = row["answers"]
+        assert contexts[row["id"]][best["start"]:best["end"]] == best["text"]
+    # The answers fine-tuning's evaluation scored are `bertkit qa`'s: the same F1 on the dev file.
+    predictions = {row["id"]: row["answers"][0]["text"] for row in rows}
+    gold = {qa["id"]: [a["text"] for a in qa["answers"]] for p in json.loads(dev.read_text())["data"][0]["paragraphs"]
+            for qa in p["qas"]}
+    assert squad_scores(predictions, gold).f1 == pytest.approx(result["eval"]["f1"])
+    task = ft.QATask(ft.FinetuneConfig(**json.loads((out / "finetune_config.json").read_text())),
+                     BertTokenizer.from_pretrained(out))
+    examples, _ = task.read(str(dev), training=False)
+    from bertkit.heads import BertForQuestionAnswering as QA
+    assert task.answers(QA.from_pretrained(out), examples) == predictions
 
 
 # ---------------------------------------------------------------------------------------------

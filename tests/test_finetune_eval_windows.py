@@ -2,58 +2,93 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
+from bertkit.config import BertConfig
 from bertkit.data.tasks import classify
-from bertkit.train import finetune as finetune_module
+from bertkit.heads import BertForSequenceClassification
+from bertkit.inference import Engine
+from bertkit.inference.jobs import predict_file
+from bertkit.tokenizer import BertTokenizer
 from bertkit.train.finetune import ClassifyTask, FinetuneConfig
 
+# The module, not the function of the same name that bertkit.inference exports.
+inference_classify = importlib.import_module("bertkit.inference.classify")
 LONG = " ".join(["market"] * 60 + ["football"] * 60)  # 120 pieces: several 16-piece windows
 
 
-def make_task(pieces, eval_windows: bool) -> ClassifyTask:
+@pytest.fixture(scope="module")
+def tokenizer(minilm_dir):
+    return BertTokenizer.from_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """A tiny classifier over MiniLM's vocabulary; its forward is replaced by `windows_seen`."""
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=24,
+                        id2label={0: "business", 1: "sport"})
+    return BertForSequenceClassification(config)
+
+
+def make_task(tokenizer, eval_windows: bool) -> ClassifyTask:
     config = FinetuneConfig(task="classify", model="tiny", train="unused.jsonl", out_dir="unused",
                             max_length=16, eval_windows=eval_windows)
-    task = ClassifyTask(config, pieces)
+    task = ClassifyTask(config, tokenizer)
     task.space = classify.LabelSpace(["business", "sport"])
     return task
 
 
 @pytest.fixture
-def windows_seen(monkeypatch):
+def windows_seen(monkeypatch, tokenizer):
     """Replaces the model pass: records each feature's ids; window logits favour 'sport' when the
     window holds 'football', so the answer depends on which windows were scored."""
     seen: list[list[list[int]]] = []
+    football = tokenizer.convert_tokens_to_ids("football")
 
-    def fake_forward(model, features, **_):
-        seen.append([f["input_ids"] for f in features])
-        sport = model  # the piece id of "football", passed in the model's place
-        return {"logits": [torch.tensor([0.0, 4.0]) if sport in f["input_ids"] else torch.tensor([4.0, 0.0])
-                           for f in features]}
+    def fake_logits(engine, ids, type_ids):
+        seen.append([list(i) for i in ids])
+        return torch.stack([torch.tensor([0.0, 4.0]) if football in i else torch.tensor([4.0, 0.0]) for i in ids])
 
-    monkeypatch.setattr(finetune_module, "forward_batches", fake_forward)
+    monkeypatch.setattr(inference_classify, "sequence_logits", fake_logits)
     return seen
 
 
-def test_first_window_only_when_eval_windows_is_false(pieces, windows_seen):
-    football = pieces.encode(["football"])[0].ids[0]
+def test_first_window_only_when_eval_windows_is_false(tokenizer, model, windows_seen):
     examples = [classify.ClassifyExample(LONG, None, "sport", "t:1"),
                 classify.ClassifyExample("market", None, "business", "t:2")]
-    first = make_task(pieces, eval_windows=False).evaluate(football, examples, "t")
+    first = make_task(tokenizer, eval_windows=False).evaluate(model, examples, "t")
     assert [len(ids) for ids in windows_seen[0]] == [16, 3]  # one truncated feature per text
     assert first["accuracy"] == 0.5  # the long text's first window is all "market"
 
-    every = make_task(pieces, eval_windows=True).evaluate(football, examples, "t")
+    every = make_task(tokenizer, eval_windows=True).evaluate(model, examples, "t")
     assert len(windows_seen[1]) > 3  # the long text gave several windows
     assert every["accuracy"] == 1.0  # its later windows, averaged, say "sport"
+    assert model.training  # evaluation hands the model back in training mode
 
 
-def test_predict_reads_every_window_whatever_eval_windows_says(pieces, windows_seen):
-    football = pieces.encode(["football"])[0].ids[0]
-    rows = make_task(pieces, eval_windows=False).predict(football, [classify.ClassifyExample(LONG, None, None)])
+def test_classify_with_windows_reads_every_window(tokenizer, model, windows_seen):
+    engine = Engine(model, tokenizer, max_length=16)
+    (row,) = inference_classify.classify(engine, [LONG], windows=True)
     assert len(windows_seen[0]) > 1
-    assert rows[0]["label"] == "sport"
+    assert row["label"] == "sport"
+    (cut,) = inference_classify.classify(engine, [LONG])  # without windows: the first 16 pieces only
+    assert [len(ids) for ids in windows_seen[1]] == [16] and cut["label"] == "business"
+
+
+def test_predict_reads_every_window_whatever_eval_windows_says(tokenizer, model, windows_seen, tmp_path):
+    directory = tmp_path / "clf"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "finetune_config.json").write_text('{"task": "classify", "max_length": 16, '
+                                                    '"eval_windows": false}')
+    (tmp_path / "in.txt").write_text(LONG + "\n")
+    predict_file(directory, tmp_path / "in.txt", tmp_path / "out.jsonl", progress=False, device="cpu")
+    assert len(windows_seen[-1]) > 1
+    assert '"label": "sport"' in (tmp_path / "out.jsonl").read_text()
 
 
 def test_eval_windows_must_be_a_bool():

@@ -4,11 +4,7 @@ an uninterrupted run's per-step losses bit for bit (CPU, one thread, fixed seed,
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,10 @@ from bertkit.model import BertForPreTraining
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import finetune as ft
 from bertkit.train import state
+from bertkit.train.finetune import loop
+
 from pretrain_fixtures import cli_command, cli_env, one_thread, run_cli  # noqa: F401
+from sigkill import kill_when
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,21 +84,8 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_losses(inputs, tmp_path):
     assert not (reference / "checkpoints").exists()  # a finished run leaves no training state
 
     # Kill the same run mid-epoch 2, past the training states at steps 7, 14, 20 (epoch end), 21.
-    proc = subprocess.Popen(cli_command(*run_args(inputs, interrupted)), env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while last_step(interrupted) < 3 * SAVE_EVERY + 3:
-            assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, "run made no progress"
-            time.sleep(0.002)
-        os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stderr.close()
+    kill_when(cli_command(*run_args(inputs, interrupted)), cli_env(),
+              lambda: last_step(interrupted) >= 3 * SAVE_EVERY + 3, poll=0.002)
     killed_at = last_step(interrupted)
     assert killed_at < EPOCHS * ROWS // BATCH, "the kill came too late to test anything"
     saved = [step for step, _ in state.list_checkpoints(interrupted)]
@@ -137,13 +123,13 @@ def test_resume_refuses_other_settings_and_a_finished_run(inputs, tmp_path):
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    original = ft.pad_batch
-    ft.pad_batch = stop_after_12
+    original = loop.pad_batch
+    loop.pad_batch = stop_after_12
     try:
         with pytest.raises(KeyboardInterrupt):
             ft.finetune("classify", base, train, out, eval_file=dev, **settings)
     finally:
-        ft.pad_batch = original
+        loop.pad_batch = original
     assert [s for s, _ in state.list_checkpoints(out)] == [10]
     crashed = json.loads((out / "eval.json").read_text())
     assert crashed["status"] == "interrupted" and "--resume" in crashed["resume"]

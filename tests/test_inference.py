@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +18,7 @@ from bertkit.inference import Engine, classify, embed, fill_mask, ner, qa, reran
 from bertkit.model import BertForMaskedLM, BertModel
 from bertkit.tokenizer import BertTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_fixtures import save_tiny  # noqa: E402
+from model_fixtures import save_tiny
 
 SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage tonight.",
              "Stocks fell.", "The central bank raised interest rates by a quarter of a point.",
@@ -102,9 +99,9 @@ def test_engine_errors_name_the_problem(minilm_dir):
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         Engine.load(minilm_dir, precision="fp8")
     with pytest.raises(ValueError, match="no weights for fill-mask .*cls.predictions"):
-        Engine.load(minilm_dir, task="fill-mask")
-    with pytest.raises(ValueError, match="unknown task"):
-        Engine.load(minilm_dir, task="summarize")
+        Engine.load(minilm_dir, use="fill-mask")
+    with pytest.raises(ValueError, match="unknown use 'summarize'"):
+        Engine.load(minilm_dir, use="summarize")
     with pytest.raises(ValueError, match="text 1 is empty"):
         embed(minilm_dir, ["fine", "  "])
     with pytest.raises(ValueError, match="max_length 600 must be in 3..512"):
@@ -246,14 +243,14 @@ NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
 def test_ner_logits_match_transformers_and_entities_are_valid_spans(tokenizer, tmp_path):
-    from bertkit.inference.ner import token_logits, word_pieces
     from bertkit.data.tasks.ner import NerSentence, ner_features, split_words
+    from bertkit.inference.ner import token_logits
 
     save_tiny(BertForTokenClassification, tokenizer, tmp_path, id2label=NER_LABELS)
-    engine = Engine.load(tmp_path, task="ner")
+    engine = Engine.load(tmp_path, use="ner")
     ref = transformers.BertForTokenClassification.from_pretrained(tmp_path).eval()
-    splits = split_words(word_pieces(engine), SENTENCES)
-    encoded = ner_features([NerSentence(s.words, None) for s in splits], word_pieces(engine), 64)
+    splits = split_words(engine.word_pieces, SENTENCES)
+    encoded = ner_features([NerSentence(s.words, None) for s in splits], engine.word_pieces, 64)
     ours = token_logits(engine, encoded.features)
     for feature, got in zip(encoded.features, ours):
         with torch.no_grad():
@@ -295,15 +292,15 @@ def test_ner_on_text_longer_than_the_model_uses_windows(tokenizer, tmp_path):
 # ---------------------------------------------------------------------------------------------
 def test_qa_answers_are_whole_words_with_scores_and_offsets(tokenizer, tmp_path):
     from bertkit.data.tasks.qa import QAExample, QASettings, qa_features
-    from bertkit.inference.ner import token_logits, word_pieces
+    from bertkit.inference.ner import token_logits
 
     save_tiny(BertForQuestionAnswering, tokenizer, tmp_path)
     context = ("bertkit was released in 2026 and runs on CPUs and GPUs. " * 6).strip()
     questions = ["When was bertkit released?", "What does it run on?"]
-    engine = Engine.load(tmp_path, task="qa")
+    engine = Engine.load(tmp_path, use="qa")
     # the engine's logits equal transformers' on every window
     settings = QASettings(max_seq_length=64, doc_stride=16)
-    encoded = qa_features([QAExample("0", questions[0], context)], word_pieces(engine), settings, training=False)
+    encoded = qa_features([QAExample("0", questions[0], context)], engine.word_pieces, settings, training=False)
     assert len(encoded.features) > 1  # the context needs several windows
     ref = transformers.BertForQuestionAnswering.from_pretrained(tmp_path).eval()
     for feature, got in zip(encoded.features, token_logits(engine, encoded.features, "spans")):
@@ -404,9 +401,9 @@ def test_rerank_reads_pairs_at_the_cross_encoders_own_length(tokenizer, tmp_path
     save_tiny(BertForSequenceClassification, tokenizer, tmp_path, num_labels=1)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 16}))
-    assert Engine.load(tmp_path, task="rerank").max_length == 16
-    assert Engine.load(tmp_path, task="rerank", max_length=40).max_length == 40
-    assert Engine.load(tmp_path, task="classify").max_length == 64
+    assert Engine.load(tmp_path, use="rerank").max_length == 16
+    assert Engine.load(tmp_path, use="rerank", max_length=40).max_length == 40
+    assert Engine.load(tmp_path, use="classify").max_length == 64
 
 
 def test_fused_int8_feed_forward_equals_the_layers_own(minilm_dir, monkeypatch):

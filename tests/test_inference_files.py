@@ -24,6 +24,8 @@ import pytest
 
 from bertkit.inference.files import Record, RecordReport, read_records, run_file
 
+from sigkill import kill_when
+
 DIM = 6
 SETTINGS = {"model": "tiny", "precision": "fp32", "pooling": "mean"}
 DELAY_ENV = "BERTKIT_TEST_FILES_DELAY"  # seconds each `process` call sleeps (a slow model)
@@ -264,22 +266,8 @@ def test_sigkill_then_resume_writes_the_uninterrupted_bytes(tmp_path, kind):
     out = out_dir / f"out.{kind}"
     state = out_dir / f"out.{kind}.progress.json"
 
-    proc = subprocess.Popen(driver(source, out_dir, "--kinds", kind),
-                            env=driver_env(**{DELAY_ENV: "0.03"}), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not state.exists() or json.loads(state.read_text())["rows_done"] < 70:
-            assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, "run made no progress"
-            time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stderr.close()
+    kill_when(driver(source, out_dir, "--kinds", kind), driver_env(**{DELAY_ENV: "0.03"}),
+              lambda: state.exists() and json.loads(state.read_text())["rows_done"] >= 70)
     done = json.loads(state.read_text())["rows_done"]
     assert 70 <= done < 300, "the kill came too late to test anything"
     assert not out.exists()  # only the partial output and its state

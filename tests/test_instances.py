@@ -8,11 +8,19 @@ import numpy as np
 import pytest
 
 from bertkit.data.corpus import Corpus, load_corpus
-from bertkit.data.instances import (IS_NEXT, NO_NSP, NOT_NEXT, TokenizedDocuments,
-                                    create_instances_from_document, create_nsp_instances,
-                                    create_packed_instances, tokenize_documents,
-                                    truncate_seq_pair)
-from bertkit.tokenizer import BertTokenizer, train_tokenizer
+from bertkit.data.instances import (
+    IS_NEXT,
+    NO_NSP,
+    NOT_NEXT,
+    TokenizedDocuments,
+    create_instances_from_document,
+    create_nsp_instances,
+    create_packed_instances,
+    tokenize_documents,
+    truncate_seq_pair,
+)
+from bertkit.data.vocab import train_tokenizer
+from bertkit.tokenizer import BertTokenizer
 
 CLS, SEP = 1, 2
 FIRST_ID = 10  # ids below are "special" in the traceable corpus

@@ -8,8 +8,15 @@ import json
 import pytest
 
 from bertkit.data import labelled
-from bertkit.data.labelled import (char_bio, entity_words, load_labelled, parse_pos_line,
-                                   resolve_builtin, split_items, write_labelled)
+from bertkit.data.labelled import (
+    char_bio,
+    entity_words,
+    load_labelled,
+    parse_pos_line,
+    resolve_builtin,
+    split_items,
+    write_labelled,
+)
 from bertkit.data.tasks.classify import read_classify
 from bertkit.data.tasks.ner import read_ner, tag_problem
 

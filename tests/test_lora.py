@@ -16,10 +16,13 @@ import torch
 
 from bertkit.config import BertConfig
 from bertkit.heads import BertForSequenceClassification
-from bertkit.model import BertForPreTraining, Packed
+from bertkit.model import BertForPreTraining
+from bertkit.packing import Packed
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import finetune as ft
 from bertkit.train import lora
+from bertkit.train import state as train_state
+
 from pretrain_fixtures import one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -221,7 +224,7 @@ def test_finetune_with_lora_adapters_resumes_exactly(tmp_path, inputs, monkeypat
     assert (whole / "adapter_config.json").is_file() and (whole / "adapter_model.safetensors").is_file()
     assert done["test"]["accuracy"] == done["eval"]["accuracy"]  # test = dev here: same model reloaded
 
-    real = ft._save_training_state
+    real = train_state.save_checkpoint
     calls = []
 
     def stop_after_second(*args, **kwargs):
@@ -231,10 +234,10 @@ def test_finetune_with_lora_adapters_resumes_exactly(tmp_path, inputs, monkeypat
             raise RuntimeError("stopped on purpose")
 
     cut = tmp_path / "cut"
-    monkeypatch.setattr(ft, "_save_training_state", stop_after_second)
+    monkeypatch.setattr(train_state, "save_checkpoint", stop_after_second)
     with pytest.raises(RuntimeError, match="on purpose"):
         ft.finetune("classify", base, train, cut, **settings)
-    monkeypatch.setattr(ft, "_save_training_state", real)
+    monkeypatch.setattr(train_state, "save_checkpoint", real)
     assert calls == [4, 6]  # a mid-epoch state, then the end of epoch 1 (6 steps)
     resumed = ft.finetune("classify", base, train, cut, resume=True, **settings)
     assert steps_of(cut) == steps_of(whole)

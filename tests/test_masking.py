@@ -9,10 +9,20 @@ import pytest
 
 from bertkit.data.corpus import Corpus, load_corpus
 from bertkit.data.instances import create_nsp_instances, tokenize_documents
-from bertkit.data.masking import (IGNORE_INDEX, MASKED, NOT_SELECTED, RANDOM, UNCHANGED,
-                                  default_max_predictions, mask_demo, mask_keys, mask_tokens)
+from bertkit.data.masking import (
+    IGNORE_INDEX,
+    MASKED,
+    NOT_SELECTED,
+    RANDOM,
+    UNCHANGED,
+    default_max_predictions,
+    mask_demo,
+    mask_keys,
+    mask_tokens,
+)
 from bertkit.data.shards import collate
-from bertkit.tokenizer import BertTokenizer, train_tokenizer
+from bertkit.data.vocab import train_tokenizer
+from bertkit.tokenizer import BertTokenizer
 
 
 def _batch(documents, tokenizer, whole_word_mask, max_seq_len=128):

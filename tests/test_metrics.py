@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from bertkit.metrics import (Entity, accuracy, cjk_tokens, entity_scores, exact_match, get_entities,
-                             macro_f1, normalize_answer, squad_scores, token_f1)
+from bertkit.metrics import (
+    Entity,
+    accuracy,
+    cjk_tokens,
+    entity_scores,
+    exact_match,
+    get_entities,
+    macro_f1,
+    normalize_answer,
+    squad_scores,
+    token_f1,
+)
 
 
 # ------------------------------------------------------------------------------ classification

@@ -12,12 +12,13 @@ import torch
 
 from bertkit.data.corpus import Corpus
 from bertkit.data.instances import IN_ORDER, SWAPPED, create_sop_instances
-from bertkit.data.shards import PretrainingData, prepare
+from bertkit.data.prepare import prepare
+from bertkit.data.shards import PretrainingData
+from bertkit.data.vocab import train_tokenizer
 from bertkit.train.pretrain import PretrainConfig, pretrain
-from bertkit.tokenizer import train_tokenizer
+from test_instances import CLS, FIRST_ID, SEP, document_of, traceable_docs
 
 from pretrain_fixtures import TINY_MODEL, one_thread, synthetic_documents  # noqa: F401
-from test_instances import CLS, FIRST_ID, SEP, document_of, traceable_docs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -95,7 +95,7 @@ def test_cuda_auto_follows_bf16_support_without_measuring(monkeypatch):
     calls = fake_rates(monkeypatch, {torch.float32: 1.0, torch.bfloat16: 2.0})
     monkeypatch.setattr(precision, "_device", lambda device: torch.device(device))
     for supported, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda supported=supported: supported)
         assert precision.resolve_precision("auto", "cuda") == expected
     assert calls == []
 

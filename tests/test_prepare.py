@@ -10,8 +10,10 @@ import torch
 
 from bertkit import cli
 from bertkit.data.corpus import Corpus, load_corpus
-from bertkit.data.shards import PretrainingBatches, PretrainingData, prepare
-from bertkit.tokenizer import BertTokenizer, train_tokenizer
+from bertkit.data.prepare import prepare
+from bertkit.data.shards import PretrainingBatches, PretrainingData
+from bertkit.data.vocab import train_tokenizer
+from bertkit.tokenizer import BertTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +89,12 @@ def test_refuses_to_overwrite(prepared, corpus_file, minilm_dir, tmp_path):
 
 
 def test_interrupted_prepare_never_loads(corpus_file, minilm_dir, tmp_path, monkeypatch):
-    from bertkit.data import shards
+    from bertkit.data import prepare as prepare_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(shards, "atomic_write_json", interrupted)
+    monkeypatch.setattr(prepare_module, "atomic_write_json", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare(corpus_file, minilm_dir, tmp_path / "data", progress=False)
     assert (tmp_path / "data" / "train").is_dir()  # shards were written ...

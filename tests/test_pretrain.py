@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bertkit.distributed import DistInfo
 from bertkit.train import state
-from bertkit.train.distributed import DistInfo
 from bertkit.train.pretrain import PretrainConfig, Trainer, TrainingDiverged, pretrain
+
 from pretrain_fixtures import make_data, one_thread, run_cli, train_losses, write_model_config  # noqa: F401
 
 SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)

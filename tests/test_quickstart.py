@@ -11,6 +11,7 @@ import pytest
 
 from bertkit import quickstart as qs
 from bertkit.train import state
+
 from pretrain_fixtures import one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,19 +4,16 @@ per-step losses bit for bit (CPU, fixed seed, dropout on)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from bertkit.train import state
 from bertkit.train.pretrain import PretrainConfig, pretrain
-from pretrain_fixtures import (cli_command, cli_env, make_data, one_thread, run_cli,  # noqa: F401
-                               write_model_config)
+
+from pretrain_fixtures import cli_command, cli_env, make_data, one_thread, run_cli, write_model_config  # noqa: F401
+from sigkill import kill_when
 
 STEPS, SAVE_EVERY = 40, 10
 
@@ -59,21 +56,8 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_losses(inputs, tmp_path):
 
     # Start the same run and SIGKILL it (its whole process group: the DataLoader worker too) once
     # it is past its first checkpoint.
-    proc = subprocess.Popen(cli_command(*run_args(data_dir, model_json, interrupted)), env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while last_logged_step(interrupted) < SAVE_EVERY + 2:
-            assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, "run made no progress"
-            time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stderr.close()
+    kill_when(cli_command(*run_args(data_dir, model_json, interrupted)), cli_env(),
+              lambda: last_logged_step(interrupted) >= SAVE_EVERY + 2)
     killed_at = last_logged_step(interrupted)
     assert killed_at < STEPS, "the kill came too late to test anything"
     saved = [step for step, _ in state.list_checkpoints(interrupted)]
@@ -151,7 +135,7 @@ def test_time_limit_stops_cleanly_and_resume_finishes(inputs, tmp_path):
 
 def test_resume_keeps_the_precision_auto_chose(inputs, tmp_path, monkeypatch):
     """"auto" is measured; a resumed run measuring the other way must keep the checkpoint's."""
-    from bertkit.train import pretrain as module
+    from bertkit.train.pretrain import trainer as module
 
     data_dir, model_json = inputs
     monkeypatch.setattr(module, "resolve_precision", lambda requested, device: "fp32")

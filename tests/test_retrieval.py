@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ from bertkit.retrieval import metrics
 from bertkit.retrieval.index import VECTORS_FILE, build_index, open_index
 from bertkit.retrieval.search import Searcher, search, top_k_inner_product
 
-sys.path.insert(0, str(Path(__file__).parent))
-from retrieval_fixtures import sentences, tiny_cross_encoder, tiny_encoder, write_corpus  # noqa: E402
+from retrieval_fixtures import sentences, tiny_cross_encoder, tiny_encoder, write_corpus
 
 
 @pytest.fixture(autouse=True)

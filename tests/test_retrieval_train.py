@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,7 @@ import torch
 
 from bertkit.train import retrieval as rt
 
-sys.path.insert(0, str(Path(__file__).parent))
-from retrieval_fixtures import sentences, tiny_cross_encoder, tiny_encoder  # noqa: E402
+from retrieval_fixtures import sentences, tiny_encoder
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,6 @@ import httpx
 import numpy as np
 import pytest
 import torch
-import uvicorn
 
 from bertkit import cli
 from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
@@ -35,9 +34,8 @@ from bertkit.model import BertForMaskedLM
 from bertkit.serve import Limits, Service, build_app, load_model
 from bertkit.tokenizer import BertTokenizer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_fixtures import save_tiny  # noqa: E402
-from web_fixtures import running_app  # noqa: E402
+from model_fixtures import save_tiny
+from web_fixtures import running_app
 
 SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage tonight.",
              "Stocks fell.", "The central bank raised interest rates by a quarter of a point.",
@@ -123,7 +121,8 @@ def test_openai_embeddings_float_and_base64(client, models):
     body = client.post("/v1/embeddings", json={"input": SENTENCES[:2], "model": "minilm"}).json()
     assert body["object"] == "list" and body["model"] == "minilm"
     assert [(d["object"], d["index"]) for d in body["data"]] == [("embedding", 0), ("embedding", 1)]
-    tokens = sum(len(e.ids) for e in BertTokenizer.from_pretrained(models["minilm"].engine.model_dir).encode_batch(SENTENCES[:2]))
+    tokenizer = BertTokenizer.from_pretrained(models["minilm"].engine.model_dir)
+    tokens = sum(len(e.ids) for e in tokenizer.encode_batch(SENTENCES[:2]))
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     expected = embed(models["minilm"].engine, SENTENCES[:2])
     assert (torch.tensor([d["embedding"] for d in body["data"]]) - expected).abs().max() <= 1e-5
@@ -174,7 +173,8 @@ def test_tokenize_ids_text_special_offsets(client, models):
     tokens = got[0]
     assert tokens[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
     assert tokens[-1]["special"] and tokens[-1]["text"] == "[SEP]"
-    assert [t["id"] for t in tokens] == BertTokenizer.from_pretrained(models["minilm"].engine.model_dir).encode(text).ids
+    tokenizer = BertTokenizer.from_pretrained(models["minilm"].engine.model_dir)
+    assert [t["id"] for t in tokens] == tokenizer.encode(text).ids
     for t in tokens[1:-1]:
         assert not t["special"] and text[t["start"]:t["stop"]] == t["text"]
     bare = client.post("/tokenize", json={"inputs": [text, "b"], "add_special_tokens": False}).json()

@@ -7,8 +7,15 @@ import json
 import pytest
 import torch
 
-from bertkit.data.tasks.classify import (ClassifyColumns, ClassifyExample, LabelSpace, _truncate_pair,
-                                         aggregate_windows, classify_features, read_classify)
+from bertkit.data.tasks.classify import (
+    ClassifyColumns,
+    ClassifyExample,
+    LabelSpace,
+    _truncate_pair,
+    aggregate_windows,
+    classify_features,
+    read_classify,
+)
 from bertkit.data.tasks.common import window_spans
 
 

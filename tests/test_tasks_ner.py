@@ -7,10 +7,21 @@ import json
 import pytest
 import torch
 
-from bertkit.data.tasks.common import IGNORE_INDEX, max_context_owner
-from bertkit.data.tasks.ner import (NerSentence, detect_scheme, entities_with_offsets, join_words,
-                                    label_names, ner_features, read_ner, repair_tags, split_words,
-                                    stitch_predictions, tag_problem)
+from bertkit.data.report import IGNORE_INDEX
+from bertkit.data.tasks.common import max_context_owner
+from bertkit.data.tasks.ner import (
+    NerSentence,
+    detect_scheme,
+    entities_with_offsets,
+    join_words,
+    label_names,
+    ner_features,
+    read_ner,
+    repair_tags,
+    split_words,
+    stitch_predictions,
+    tag_problem,
+)
 
 
 def test_conll_tab_and_space_columns_docstart_and_blank_lines(tmp_path):

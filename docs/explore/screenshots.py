@@ -67,7 +67,7 @@ def main() -> None:
         for number, name in enumerate(VIEWS, 1):
             root = driver.find_element(By.CSS_SELECTOR, f'[data-testid="view-{name}"]')
             driver.find_element(By.CSS_SELECTOR, f'[data-testid="tab-{name}"]').click()
-            WebDriverWait(driver, 60).until(lambda _: root.get_attribute("data-state") == "ready")
+            WebDriverWait(driver, 60).until(lambda _, root=root: root.get_attribute("data-state") == "ready")
             time.sleep(0.3)  # let the browser finish painting
             height = driver.execute_script("return document.documentElement.scrollHeight")
             png = driver.execute_cdp_cmd("Page.captureScreenshot", {

@@ -49,7 +49,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertkit.config import BertConfig
+from bertkit.config import CLASS_PREFIXES, BertConfig
 from bertkit.fileio import atomic_path, missing_model_dir
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,6 @@ class NameMap:
     outer: tuple[tuple[str, str], ...]  # (ours, theirs) outside the layers: embeddings, pooler, heads
     ignored: str  # regex of tensors real checkpoints carry that no model needs (buffers, tied decoder)
     decoder_bias: tuple[str, str] | None = None  # (MLM bias, the legacy decoder.bias it may hide as)
-    class_prefix: str = "Bert"  # transformers' class names: BertModel, RobertaModel, ...
 
 
 _BERT_LAYER_PARTS = (("attn_out.", "attention.output.dense."), ("attn_norm.", "attention.output.LayerNorm."),
@@ -119,7 +118,7 @@ NAME_MAPS: dict[str, NameMap] = {
                ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
                ("mlm.bias", "lm_head.bias")),
         ignored=r"^lm_head\.decoder\.(weight|bias)$",
-        decoder_bias=("lm_head.bias", "lm_head.decoder.bias"), class_prefix="Roberta"),
+        decoder_bias=("lm_head.bias", "lm_head.decoder.bias")),
     "albert": NameMap(
         prefix="albert.", base_roots=("embeddings.", "encoder.", "pooler."),
         layer=r"encoder\.albert_layer_groups\.(\d+)\.albert_layers\.(\d+)\.",
@@ -130,7 +129,7 @@ NAME_MAPS: dict[str, NameMap] = {
                ("mlm.transform.", "predictions.dense."), ("mlm.norm.", "predictions.LayerNorm."),
                ("mlm.bias", "predictions.bias"), ("nsp.", "sop_classifier.classifier.")),
         ignored=r"^predictions\.decoder\.(weight|bias)$",
-        decoder_bias=("predictions.bias", "predictions.decoder.bias"), class_prefix="Albert"),
+        decoder_bias=("predictions.bias", "predictions.decoder.bias")),
     "distilbert": NameMap(
         prefix="distilbert.", base_roots=("embeddings.", "transformer."), layer=r"transformer\.layer\.(\d+)\.",
         qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
@@ -138,7 +137,7 @@ NAME_MAPS: dict[str, NameMap] = {
                      ("ffn_in.", "ffn.lin1."), ("ffn_out.", "ffn.lin2."), ("ffn_norm.", "output_layer_norm.")),
         outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("mlm.transform.", "vocab_transform."),
                ("mlm.norm.", "vocab_layer_norm."), ("mlm.bias", "vocab_projector.bias")),
-        ignored=r"^vocab_projector\.weight$", class_prefix="DistilBert"),
+        ignored=r"^vocab_projector\.weight$"),
 }
 _OUR_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
 
@@ -369,45 +368,7 @@ def architecture_name(class_name: str, config: BertConfig) -> str:
     kind = class_name[len("Bert"):] if class_name.startswith("Bert") else class_name
     if kind == "ForPreTraining" and config.model_type not in ("bert", "albert"):
         kind = "ForMaskedLM"
-    return name_map(config).class_prefix + kind
-
-
-# What each kind of class named in config.json's `architectures` is (after the family's prefix:
-# Bert, Roberta, Albert, DistilBert), for messages that say why a model cannot serve a use.
-ARCHITECTURE_KINDS = {
-    "Model": "a bare encoder without a task head",
-    "ForPreTraining": "a pre-trained encoder (MLM and NSP/SOP heads, no fine-tuned task head)",
-    "ForMaskedLM": "a masked-language model (no fine-tuned task head)",
-    "ForSequenceClassification": "a sequence classifier",
-    "ForTokenClassification": "a token classifier (tagger)",
-    "ForQuestionAnswering": "an extractive question-answering model",
-    "ForMultipleChoice": "a multiple-choice model",
-}
-
-
-def architecture_kind(class_name: str) -> str | None:
-    """"RobertaForMaskedLM" → "ForMaskedLM"; None for a class of no family bertkit implements."""
-    for family in NAME_MAPS.values():
-        prefix = family.class_prefix
-        if class_name.startswith(prefix) and class_name[len(prefix):] in ARCHITECTURE_KINDS:
-            return class_name[len(prefix):]
-    return None
-
-
-def check_architecture(model_dir: str | os.PathLike, config: BertConfig, wanted: type,
-                       fix: str) -> None:
-    """ValueError when config.json's `architectures` names a known class other than `wanted`.
-
-    A head the checkpoint lacks would be initialised at random and answer nonsense; a directory
-    whose config names no architecture (or an unknown one) is let through.
-    fix: what the user should do instead, appended to the message.
-    """
-    names = [n for n in config.extra.get("architectures") or [] if architecture_kind(n)]
-    wanted_kind = architecture_kind(wanted.__name__)
-    if not names or wanted_kind in {architecture_kind(n) for n in names}:
-        return
-    raise ValueError(f"{model_dir} is {ARCHITECTURE_KINDS[architecture_kind(names[0])]} ({names[0]} in "
-                     f"config.json), not {ARCHITECTURE_KINDS.get(wanted_kind, wanted.__name__)}; {fix}")
+    return CLASS_PREFIXES[config.model_type] + kind
 
 
 def missing_from(model: torch.nn.Module, report: LoadReport, module: str) -> list[str]:

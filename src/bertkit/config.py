@@ -51,6 +51,8 @@ PRESET_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 FAMILIES = ("bert", "roberta", "albert", "distilbert")
+# transformers' class names of each family: BertModel, RobertaForMaskedLM, DistilBertFor…
+CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
 # DistilBERT's config.json keys → the BERT fields they are.
 DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
                    "hidden_dim": "intermediate_size", "activation": "hidden_act",

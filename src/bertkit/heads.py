@@ -22,9 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit import tasks
 from bertkit.checkpoint import PretrainedMixin
 from bertkit.config import BertConfig
-from bertkit.model import IGNORE_INDEX, BertModel, Packed
+from bertkit.model import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.packing import Packed
 
 
 @dataclass
@@ -220,10 +222,29 @@ class BertForMultipleChoice(PretrainedMixin, nn.Module):
         return ClassifierOutput(loss=loss, logits=logits)
 
 
-HEADS = {
-    "classify": BertForSequenceClassification,
-    "pair": BertForSequenceClassification,
-    "ner": BertForTokenClassification,
-    "qa": BertForQuestionAnswering,
-    "multiple-choice": BertForMultipleChoice,
-}
+# Every model class by its name, so that a kind of `tasks.HEADS` finds its class.
+_CLASSES: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (
+    BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+    BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)}
+
+
+def model_class(kind: str) -> type[nn.Module]:
+    """The bertkit class of a head kind ("ForTokenClassification" → BertForTokenClassification),
+    for every family (the family is configuration)."""
+    if kind not in tasks.HEADS:
+        raise ValueError(f"unknown head kind {kind!r}; bertkit implements {', '.join(tasks.HEADS)}")
+    return _CLASSES[tasks.HEADS[kind].class_name]
+
+
+def task_class(task: str) -> type[nn.Module]:
+    """The class `bertkit finetune --task TASK` trains (classify and pair: the sequence classifier)."""
+    if task not in tasks.FINETUNE_TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(tasks.FINETUNE_TASKS)}")
+    return model_class(tasks.FINETUNE_TASKS[task].kind)
+
+
+def use_class(use: str) -> type[nn.Module]:
+    """The class the inference engine loads for `use` (embed: the bare encoder)."""
+    if use not in tasks.USES:
+        raise ValueError(f"unknown use {use!r}; choose one of {', '.join(tasks.USES)}")
+    return model_class(tasks.USES[use].kind)

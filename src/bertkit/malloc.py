@@ -3,10 +3,9 @@
 Why: glibc serves every allocation above its mmap threshold (128 KiB, rising by itself to at most
 32 MiB) with a fresh `mmap` and hands it back to the kernel on `free`. A token-budget batch
 allocates tens of MiB per layer (8,192 tokens × 1,152 fused Q/K/V floats is 37.7 MB), so every
-layer of every batch paid first-touch page faults again: 1.2 M minor faults per 1,500 BBC
-sentences through all-MiniLM-L6-v2 in fp32. With the mmap and trim thresholds raised, those pages
-stay in the heap for the next batch: 49 k faults, 1.28× the sentences/s in fp32 and 1.24× in int8
-(2-core Xeon, one process, the setting toggled between timed passes). The cost: after a batch the
+layer of every batch paid first-touch page faults again. With the mmap and trim thresholds raised,
+those pages stay in the heap for the next batch: 25 times fewer page faults and a quarter more
+sentences per second (docs/benchmarks.md). The cost: after a batch the
 process keeps its peak working set instead of returning it, which the next batch needs anyway.
 Allocators such as jemalloc or tcmalloc, preloaded, do the same; this needs no preload.
 

@@ -6,15 +6,15 @@ nothing to do with the model's arithmetic:
 - Dropout masks. `torch.bernoulli_` draws one 32-bit random number per element and costs about as
   much as all the attention matmuls; with attention dropout on, SDPA also leaves its fused CPU
   kernel for the math path. `dropout` here draws 64 random bits and cuts them into four 16-bit
-  lanes, one per element (bernoulli_ 12 ms against about 3.5 ms for 2M elements, mask and multiply
-  included). CUDA keeps `F.dropout`, which is fused there.
+  lanes, one per element, in a third of bernoulli_'s time. CUDA keeps `F.dropout`, which is
+  fused there.
 - The MLM cross-entropy over a (M, V) bf16 logit matrix: an fp32 copy, log-softmax, a zero-filled
   one-hot gradient, the log-softmax backward and a copy back to bf16, each a full pass over
   M × 30k values. `sparse_cross_entropy` reads the logits once forward and once backward, in
   row chunks whose fp32 temporaries stay in cache, and writes the gradient in the logits' dtype.
 
-Together they make a `mini` training step 1.35–1.42× faster on 2 threads (bf16, batch 32 × 128),
-with the same losses: `bench/pretrain.py` gives the ratios against `transformers`.
+Together they make a `mini` training step over a third faster on 2 threads, with the same losses
+(docs/benchmarks.md; `bench/pretrain.py` gives the ratios against `transformers`).
 
 Both are exact in what they compute (up to float summation order); the dropout probability is
 rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) and the kept values are scaled by 1 / (1 - that).

@@ -4,9 +4,8 @@
     peak_rate("bf16", "cpu")            # GFLOP/s of a bf16 matmul here, the denominator of an MFU
 
 Why measure: a CPU's flags do not say how fast bf16 is. On one Intel Xeon with AVX-512 BF16 but
-no AMX exposed, bf16 matmuls ran at half the fp32 rate (169 vs 327 GFLOP/s) while a flag check
-chose bf16; on a Xeon with AMX bf16 is 8× faster (3,000 vs 370); on an AMD EPYC with AVX-512 BF16,
-2.4× (410 vs 170). A matmul probe in nn.Linear's layout takes a fraction of a second and gives the
+no AMX exposed, bf16 matmuls ran at half the fp32 rate while a flag check chose bf16; on a Xeon
+with AMX bf16 is 8× faster; on an AMD EPYC with AVX-512 BF16, 2.4× (docs/benchmarks.md). A matmul probe in nn.Linear's layout takes a fraction of a second and gives the
 answer for the machine, the torch build and the thread count at hand (issue 13, item 9).
 
 On CUDA, "auto" is bf16 wherever the GPU supports it (tensor cores make it the faster one on
@@ -52,8 +51,8 @@ def matmul_rate(dtype: torch.dtype, device: torch.device | str = "cpu", size: in
 
     x: (rows, size), rows = size unless given; W: (size, size). The rate is that of the fastest of
     `calls` timed calls after two warm-up calls: the first calls of a shape pay for the library's
-    set-up, and a mean over a few calls moved by 40% between two runs a minute apart (bf16,
-    2 threads: 1,820 vs 2,625 GFLOP/s). A peak set too low would flatter an MFU.
+    set-up, and a mean over a few calls moved by 40% between two runs a minute apart. A peak set
+    too low would flatter an MFU.
     Raises RuntimeError where the device cannot multiply in `dtype`.
     """
     if size < 1 or calls < 1:

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from bertkit.data.builtin import MINIMAL_PAIRS
 from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
 
 MARKER = "quickstart.json"
@@ -37,7 +38,7 @@ class Language:
     corpus: str  # corpus spec for load_corpus
     vocab_size: int
     lowercase: bool
-    # Minimal pairs: the same [MASK] slot, a different context, a different best answer.
+    # Minimal pairs (data.builtin.MINIMAL_PAIRS): one [MASK] slot, two contexts, two best answers.
     pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...]
     finetune: tuple[tuple[str, str], ...]  # (task, built-in data set) to suggest next
     joiner: str  # how WordPiece tokens join back into text ("" for Chinese characters)
@@ -48,18 +49,11 @@ LANGUAGES: dict[str, Language] = {
     # few Latin/digit pieces; 8,000 leaves room and costs nothing for characters that are absent.
     "zh": Language(
         corpus="builtin:peoples-daily", vocab_size=8000, lowercase=True, joiner="",
-        pairs=((("他把钱存进了[MASK]行。", "银"), ("两国领导人[MASK]行了会谈。", "举")),
-               (("[MASK]京是中国的首都。", "北"), ("[MASK]京是江苏省的省会。", "南")),
-               (("[MASK]国总统克林顿发表讲话。", "美"), ("[MASK]罗斯总统叶利钦发表讲话。", "俄"))),
+        pairs=MINIMAL_PAIRS["zh"],
         finetune=(("classify", "zh-sentiment"), ("ner", "zh-ner"))),
     "en": Language(
         corpus="builtin:bbc-news", vocab_size=12000, lowercase=True, joiner=" ",
-        pairs=((("[MASK] released a new version of windows.", "microsoft"),
-                ("[MASK] sold millions of ipods.", "apple")),
-               (("the prime [MASK] tony blair said.", "minister"),
-                ("the foreign [MASK] jack straw said.", "secretary")),
-               (("shares [MASK] after the firm reported record profits.", "rose"),
-                ("shares [MASK] after the firm issued a profit warning.", "fell"))),
+        pairs=MINIMAL_PAIRS["en"],
         finetune=(("classify", "en-news"),)),
 }
 
@@ -147,8 +141,8 @@ def seconds_per_step(data, model_config, batch_size: int, precision: str, *, see
     """
     from bertkit.data.shards import PretrainingBatches
     from bertkit.model import BertForPreTraining
-    from bertkit.train.optim import build_optimizer
     from bertkit.precision import autocast
+    from bertkit.train.optim import build_optimizer
 
     torch.manual_seed(seed)
     device = torch.device("cpu")
@@ -288,11 +282,13 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     """
     from bertkit.config import BertConfig
     from bertkit.data.corpus import Corpus, as_corpus
-    from bertkit.data.shards import PretrainingData, prepare
+    from bertkit.data.prepare import prepare
+    from bertkit.data.shards import PretrainingData
+    from bertkit.data.vocab import train_tokenizer
     from bertkit.inference import fill_mask
     from bertkit.model import BertForPreTraining
-    from bertkit.tokenizer import BertTokenizer, train_tokenizer
     from bertkit.precision import resolve_precision
+    from bertkit.tokenizer import BertTokenizer
     from bertkit.train.pretrain import CONFIG_FILE, PretrainConfig, pretrain
 
     if config.lang not in LANGUAGES:

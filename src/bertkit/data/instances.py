@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from bertkit.data.masking import continuation_table, has_cjk, segment_chinese, token_word_starts
+from bertkit.data.masking import continuation_table, segment_chinese, token_word_starts
+from bertkit.text import has_cjk
 
 if TYPE_CHECKING:
     from bertkit.tokenizer import BertTokenizer

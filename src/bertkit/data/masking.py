@@ -24,7 +24,6 @@ padding length, worker or process builds it, which makes resumed training exact.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from bertkit.data.report import IGNORE_INDEX
+from bertkit.text import has_cjk
 
 if TYPE_CHECKING:
     from bertkit.tokenizer import BertTokenizer
@@ -39,17 +39,6 @@ if TYPE_CHECKING:
 # What happened at each position (MaskedTokens.kinds).
 NOT_SELECTED, MASKED, RANDOM, UNCHANGED = 0, 1, 2, 3
 KIND_NAMES = {MASKED: "[MASK]", RANDOM: "random", UNCHANGED: "unchanged"}
-
-# CJK ideographs as BERT's tokenizer defines them (`_is_chinese_char`): these become one token each.
-_CJK = re.compile("[\u4e00-\u9fff\u3400-\u4dbf\uf900-\ufaff\U00020000-\U0002a6df"
-                  "\U0002a700-\U0002b73f\U0002b740-\U0002b81f\U0002b820-\U0002ceaf"
-                  "\U0002f800-\U0002fa1f]")
-
-
-def has_cjk(text: str) -> bool:
-    """Whether text holds a CJK ideograph (then jieba decides the word boundaries)."""
-    return _CJK.search(text) is not None
-
 
 def default_max_predictions(max_seq_len: int, mlm_probability: float = 0.15) -> int:
     """Cap on predictions per sequence: round(max_seq_len × mlm_probability), at least 1."""

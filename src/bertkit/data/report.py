@@ -87,6 +87,9 @@ class DataReport:
     # is scored); counted and the first few kept verbatim, like `messages`.
     n_noted: int = 0
     notes: list[str] = field(default_factory=list)
+    # Count and keep messages without logging them: a second pass over a file already reported,
+    # or a rank > 0 of a torchrun job reading the file rank 0 reports.
+    quiet: bool = False
 
     def skip(self, where: str, why: str, unit: str = "row") -> None:
         """Count one skipped row; `where` is "file:line", `why` says what is wrong and the fix.
@@ -94,7 +97,13 @@ class DataReport:
         self.n_skipped += 1
         if len(self.messages) < MAX_MESSAGES:  # the rest are counted, not logged one by one
             self.messages.append(f"{where}: {why}")
-            log.warning("%s: %s (%s skipped)", where, why, unit)
+            if not self.quiet:
+                log.warning("%s: %s (%s skipped)", where, why, unit)
+
+    def skip_problem(self, where: str, problem: str, detail: str = "") -> None:
+        """`skip` with the problem named apart from its detail ("invalid JSON", "Expecting value"),
+        for reports that count rows per problem (`inference.files.RecordReport`)."""
+        self.skip(where, f"{problem}: {detail}" if detail else problem)
 
     def note(self, where: str, why: str) -> None:
         """Count one problem in a row that is kept anyway, and log the first few."""

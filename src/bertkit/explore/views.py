@@ -20,14 +20,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, has_cjk, jieba_word_starts, jieba_words, mask_text
+from bertkit.data.builtin import MINIMAL_PAIRS
+from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, jieba_word_starts, jieba_words, mask_text
 from bertkit.data.report import IGNORE_INDEX
 from bertkit.inference import Engine, classify, fill_mask, ner, qa, rerank, similarity
-from bertkit.model import BertForMaskedLM, BertModel, count_parameters
-from bertkit.summary import model_encoder, parameter_rows
+from bertkit.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
+from bertkit.summary import parameter_rows
+from bertkit.tasks import is_cross_encoder, label_names, use_of
+from bertkit.text import has_cjk
 from bertkit.tokenizer import BertTokenizer
 
 TOP_K = 5  # guesses shown per masked position
@@ -49,15 +51,16 @@ EXAMPLES = {
     "en": {"text": "the bank raised interest rates.", "pair": "shares fell after the announcement.",
            "classify": "the film was a delight from start to finish.",
            "ner": "tony blair met george bush in washington.",
-           "question": "who leads the government?", "context": "the prime minister leads the government of the united kingdom.",
+           "question": "who leads the government?",
+           "context": "the prime minister leads the government of the united kingdom.",
            "similar": ["the weather is nice today.", "it is sunny today.", "the stock market fell today."],
            "query": "capital of france", "documents": ["paris is the capital of france.",
                                                        "berlin is a large city.", "the weather is nice today."]},
 }
 
 
-# The fill-mask view's two contexts for one slot: the quickstart's minimal pairs (its README shows
-# the demo model's answers), the one whose best answers differ most for the demo model.
+# The fill-mask view's two contexts for one slot: one of the minimal pairs the quickstart prints
+# (data.builtin.MINIMAL_PAIRS), the one whose best answers differ most for the demo model.
 MASK_PAIR = {"zh": 2, "en": 0}  # 美国 / 俄罗斯 (Clinton / Yeltsin); microsoft / apple
 
 
@@ -76,11 +79,7 @@ class TaskModel:
 
     @property
     def labels(self) -> list[str]:
-        config = self.engine.config
-        if self.use not in ("classify", "ner"):
-            return []
-        id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
-        return [id2label[i] for i in sorted(id2label)]
+        return label_names(self.engine.config) if self.use in ("classify", "ner") else []
 
 
 @dataclass
@@ -100,7 +99,7 @@ class Explorer:
 
     @property
     def encoder(self) -> BertModel:
-        return model_encoder(self.model)
+        return encoder_of(self.model)
 
     @property
     def has_mlm(self) -> bool:
@@ -110,28 +109,26 @@ class Explorer:
     def load(cls, model_dir: str | os.PathLike, tasks: list[tuple[str, str]] = (), *,
              name: str | None = None) -> "Explorer":
         """The main model from `model_dir`, and each (name, dir) of `tasks` for its own head."""
-        from bertkit.serve.models import head_task, is_cross_encoder
-
         path = Path(model_dir)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{model_dir} is not a model directory (no config.json); give a "
                                     "directory saved by bertkit or Hugging Face, e.g. "
                                     "runs/quickstart/model after `make demo`")
-        task = "fill-mask" if head_task(path) == "fill-mask" else "embed"
-        engine = Engine.load(path, task=task, precision="fp32")
+        use = "fill-mask" if use_of(path) == "fill-mask" else "embed"
+        engine = Engine.load(path, use=use, precision="fp32")
         # runs/quickstart/model is "quickstart": a directory called "model" is named by its run
         default_name = path.resolve().parent.name if path.resolve().name == "model" else path.resolve().name
         explorer = cls(name or default_name, path, engine.model, engine.tokenizer, engine)
         if explorer.language == "zh":  # jieba loads its dictionary once, here, not at the first click
             jieba_word_starts(["预热"])
-        if task == "embed":  # a sentence encoder (MiniLM): its similarity matrix is a task too
+        if use == "embed":  # a sentence encoder (MiniLM): its similarity matrix is a task too
             explorer.tasks[explorer.name] = TaskModel(explorer.name, "embed", engine)
         for task_name, task_dir in tasks:
             if task_name in explorer.tasks:
                 raise ValueError(f"two models are named {task_name!r}; name them apart with NAME=DIR")
-            use = head_task(task_dir)
+            use = use_of(task_dir)
             use = "embed" if use == "fill-mask" else use  # an MLM given as a task: its sentence vectors
-            task_engine = Engine.load(task_dir, task=use, precision="fp32")
+            task_engine = Engine.load(task_dir, use=use, precision="fp32")
             if use == "classify" and is_cross_encoder(task_engine.config):
                 use = "rerank"
             explorer.tasks[task_name] = TaskModel(task_name, use, task_engine)
@@ -185,13 +182,11 @@ def info(explorer: Explorer) -> dict[str, Any]:
 
 
 def _examples(explorer: Explorer) -> dict[str, Any]:
-    from bertkit.quickstart import LANGUAGES
-
     language = explorer.language
     examples = dict(EXAMPLES[language])
     mask = explorer.tokenizer.special_tokens["mask_token"]
     examples["mask_pair"] = [text.replace("[MASK]", mask)
-                             for text, _ in LANGUAGES[language].pairs[MASK_PAIR[language]]]
+                             for text, _ in MINIMAL_PAIRS[language][MASK_PAIR[language]]]
     return examples
 
 

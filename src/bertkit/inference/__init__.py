@@ -1,7 +1,7 @@
 """Using a model: one inference engine (`Engine`) and the uses built on it.
 
     from bertkit.inference import Engine, embed, fill_mask, classify, ner, qa, rerank
-    engine = Engine.load("my-model", task="embed", precision="int8")
+    engine = Engine.load("my-model", use="embed", precision="int8")
     vectors = embed(engine, ["a text", "another"])          # (2, H), unit length
 
 Each use takes an Engine or a model directory, works on any number of texts, and returns results

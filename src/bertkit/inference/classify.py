@@ -12,22 +12,43 @@ from typing import Any, Sequence
 
 import torch
 
+from bertkit.data.tasks.classify import ClassifyExample, aggregate_windows, classify_features
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Batch, Engine
+from bertkit.tasks import label_names
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
 
-def logits(engine: Engine, texts: list[str], pairs: list[str] | None) -> torch.Tensor:
-    """(N, K) float32 logits of the classification head, in input order."""
-    out = torch.empty(len(texts), engine.config.num_labels)
+def sequence_logits(engine: Engine, ids: Sequence[Sequence[int]],
+                    type_ids: Sequence[Sequence[int]] | None) -> torch.Tensor:
+    """(N, K) float32 logits of the classification head for token sequences (special tokens
+    included), in input order."""
+    out = torch.empty(len(ids), engine.config.num_labels)
 
     def head(model, batch: Batch) -> torch.Tensor:
         return model.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).logits.float()
 
-    for index, rows in engine.run_encodings(engine.encode(texts, pairs), head):
+    for index, rows in engine.run(ids, type_ids, head):
         out[index] = rows.cpu()
     return out
+
+
+def logits(engine: Engine, texts: list[str], pairs: list[str] | None) -> torch.Tensor:
+    """(N, K) float32 logits of texts (or pairs), each cut to the engine's max_length, in input order."""
+    encodings = engine.encode(texts, pairs)
+    return sequence_logits(engine, [e.ids for e in encodings], [e.type_ids for e in encodings])
+
+
+def example_scores(engine: Engine, examples: Sequence[ClassifyExample], *, windows: bool = True,
+                   stride: int | None = None) -> torch.Tensor:
+    """(N, K) scores of classification examples: softmax probabilities (raw outputs for a
+    regression head), averaged over each example's windows of max_length pieces, `stride` apart
+    (default half a window). windows=False reads each example's first window only (what
+    training sees). Fine-tuning's evaluation scores with this, and `classify(windows=True)`."""
+    features = classify_features(examples, engine.word_pieces, engine.max_length, windows=windows, stride=stride)
+    rows = sequence_logits(engine, [f["input_ids"] for f in features], [f["token_type_ids"] for f in features])
+    return aggregate_windows(list(rows), features, len(examples), engine.config.problem_type == "regression")
 
 
 def score_function(config) -> str:
@@ -41,12 +62,15 @@ def score_function(config) -> str:
 
 def classify(model: Engine | str | os.PathLike, texts: str | Sequence[str],
              pairs: str | Sequence[str] | None = None, *, function: str | None = None,
-             **options: Any) -> list[dict[str, Any]]:
+             windows: bool = False, stride: int | None = None, **options: Any) -> list[dict[str, Any]]:
     """Labels and scores: [{"label", "score", "scores": {label: score}}] per text, input order.
 
     pairs: second texts for a sentence-pair model ([CLS] a [SEP] b [SEP]). function: softmax,
     sigmoid or none (raw logits); default from the head (see the module docstring). A regression
     head gives {"value"} instead of labels.
+    windows: a text past the model's limit is read through every window of it (`stride` pieces
+    apart), softmax probabilities averaged (`example_scores`; softmax heads only), instead of being
+    cut to the limit.
     """
     engine = engine_for(model, "classify", **options)
     texts = as_texts(texts)
@@ -54,12 +78,21 @@ def classify(model: Engine | str | os.PathLike, texts: str | Sequence[str],
     function = function or score_function(engine.config)
     if function not in FUNCTIONS:
         raise ValueError(f"unknown function {function!r}; use one of {', '.join(FUNCTIONS)}")
-    raw = logits(engine, texts, pairs)  # (N, K)
-    if engine.config.problem_type == "regression":
-        return [{"value": float(row[0])} for row in raw]
-    scores = raw.softmax(-1) if function == "softmax" else raw.sigmoid() if function == "sigmoid" else raw
-    id2label = engine.config.id2label or {i: f"LABEL_{i}" for i in range(engine.config.num_labels)}
-    names = [id2label[i] for i in range(scores.shape[1])]
+    regression = engine.config.problem_type == "regression"
+    if windows:
+        if function != "softmax" and not regression:
+            raise ValueError(f"windows average softmax probabilities; function {function!r} cannot be "
+                             "averaged over windows, so pass windows=False (texts cut to the limit)")
+        examples = [ClassifyExample(t, p, None) for t, p in zip(texts, pairs or [None] * len(texts))]
+        scores = example_scores(engine, examples, stride=stride)  # (N, K)
+        if regression:
+            return [{"value": float(row[0])} for row in scores]
+    else:
+        raw = logits(engine, texts, pairs)  # (N, K)
+        if regression:
+            return [{"value": float(row[0])} for row in raw]
+        scores = raw.softmax(-1) if function == "softmax" else raw.sigmoid() if function == "sigmoid" else raw
+    names = label_names(engine.config)
     out = []
     for row in scores.tolist():
         best = max(range(len(row)), key=row.__getitem__)

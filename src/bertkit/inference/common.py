@@ -8,15 +8,15 @@ from typing import Any, Sequence
 from bertkit.inference.engine import Engine
 
 
-def engine_for(model: "Engine | str | os.PathLike", task: str, **options: Any) -> Engine:
-    """An Engine as it is, or one loaded for `task` from a model directory."""
+def engine_for(model: "Engine | str | os.PathLike", use: str, **options: Any) -> Engine:
+    """An Engine as it is, or one loaded for `use` from a model directory."""
     if isinstance(model, Engine):
         if options:
             raise ValueError(f"options {sorted(options)} apply when loading a model dir; set them "
                              "on the Engine instead")
         return model
     if isinstance(model, (str, os.PathLike)):
-        return Engine.load(model, task=task, **options)
+        return Engine.load(model, use=use, **options)
     raise TypeError(f"expected an Engine or a model directory, got {type(model).__name__}")
 
 

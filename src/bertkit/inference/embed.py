@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Batch, Engine
+from bertkit.model import encoder_of
 
 POOLINGS = ("mean", "cls", "max")
 
@@ -42,7 +43,7 @@ def embed(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, pool
     engine = engine_for(model, "embed", **options)
     texts = as_texts(texts)
     mode, unit = resolve_pooling(engine, pooling, normalize)
-    encoder = _encoder(engine.model)
+    encoder = encoder_of(engine.model)
     out = torch.empty(len(texts), engine.config.hidden_size)
 
     def head(_model, batch: Batch) -> torch.Tensor:
@@ -61,11 +62,6 @@ def resolve_pooling(engine: Engine, pooling: str | None, normalize: bool | None)
         raise ValueError(f"unknown pooling {mode!r}; use one of {', '.join(POOLINGS)}")
     unit = normalize if normalize is not None else (own.normalize if own else True)
     return mode, unit
-
-
-def _encoder(model):
-    """The BertModel inside any head model (or the model itself)."""
-    return getattr(model, "bert", model)
 
 
 def similarity(model: Engine | str | os.PathLike, texts: Sequence[str], **options: Any) -> torch.Tensor:

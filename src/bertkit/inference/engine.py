@@ -20,6 +20,7 @@ in any batch, in any order (fp32: within 1e-5, the float summation order of the 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import os
@@ -30,34 +31,18 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from bertkit import tasks
 from bertkit.checkpoint import missing_from
-from bertkit.heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
+from bertkit.data.tasks.common import WordPieces
+from bertkit.heads import use_class
 from bertkit.malloc import keep_freed_memory
-from bertkit.model import BertForMaskedLM, BertModel, Packed
+from bertkit.packing import Packed
 from bertkit.tokenizer import BertTokenizer
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DEFAULT_MAX_BATCH_TOKENS = 8192  # large enough to keep 2 cores' GEMMs efficient, small for memory
-
-# The model class each use runs, and the module (bertkit's name) it cannot do without. Every
-# family in config.py loads through the same classes.
-TASK_MODELS: dict[str, tuple[type[nn.Module], str, str]] = {
-    "embed": (BertModel, "", "any BERT-family checkpoint"),
-    "fill-mask": (BertForMaskedLM, "mlm", "a masked-LM head (made by `bertkit pretrain`, or a Hugging "
-                  "Face …ForMaskedLM / …ForPreTraining checkpoint of BERT, RoBERTa, ALBERT or DistilBERT)"),
-    "classify": (BertForSequenceClassification, "classifier", "a sequence-classification head "
-                 "(made by `bertkit finetune --task classify|pair`)"),
-    "rerank": (BertForSequenceClassification, "classifier", "a cross-encoder: a sequence-classification "
-               "head with one label"),
-    "ner": (BertForTokenClassification, "classifier", "a token-classification head (made by "
-            "`bertkit finetune --task ner`)"),
-    "qa": (BertForQuestionAnswering, "qa_outputs", "a question-answering head (made by "
-           "`bertkit finetune --task qa`)"),
-}
-
 
 # ---------------------------------------------------------------------------------------------
 # batching
@@ -151,7 +136,7 @@ def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.
 class Engine:
     """A model, its tokenizer and how to run them: the one object every use takes.
 
-    Build with `Engine.load(model_dir, task=...)`, or `Engine(model, tokenizer, ...)` from objects
+    Build with `Engine.load(model_dir, use=...)`, or `Engine(model, tokenizer, ...)` from objects
     in memory. `max_length` defaults to the model's limit (for sentence-transformers models, their
     `max_seq_length`, as they were trained); `truncate=False` makes longer texts an error.
     """
@@ -165,7 +150,7 @@ class Engine:
     max_length: int | None = None
     truncate: bool = True
     model_dir: Path | None = None
-    task: str | None = None
+    use: str | None = None  # the use it was loaded for (`tasks.USES`)
     pooling: "Pooling | None" = None
     stats: Stats = field(default_factory=Stats)
 
@@ -191,29 +176,29 @@ class Engine:
         self.float_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, task: str = "embed", **options: Any) -> "Engine":
-        """An engine for `task` (embed, fill-mask, classify, rerank, ner, qa) over a model dir."""
-        if task not in TASK_MODELS:
-            raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASK_MODELS)}")
-        model_class, head_prefix, needs = TASK_MODELS[task]
+    def load(cls, model_dir: str | os.PathLike, use: str = "embed", **options: Any) -> "Engine":
+        """An engine for `use` (embed, fill-mask, classify, rerank, ner, qa: `tasks.USES`) over a model dir."""
+        if use not in tasks.USES:
+            raise ValueError(f"unknown use {use!r}; choose one of {', '.join(tasks.USES)}")
+        model_class, head, needs = use_class(use), tasks.HEADS[tasks.USES[use].kind].weights, tasks.USES[use].needs
         tokenizer = BertTokenizer.from_pretrained(model_dir)
         model = model_class.from_pretrained(model_dir)
-        missing = missing_from(model, model.load_report, head_prefix) if head_prefix else []
+        missing = missing_from(model, model.load_report, head) if head else []
         if missing:
             kind = ", ".join(model.config.extra.get("architectures") or ["of unknown kind"])
-            raise ValueError(f"{model_dir} has no weights for {task} ({missing[0]} missing; the "
-                             f"checkpoint is {kind}); {task} needs {needs}")
+            raise ValueError(f"{model_dir} has no weights for {use} ({missing[0]} missing; the "
+                             f"checkpoint is {kind}); {use} needs {needs}")
         pooling = Pooling.read(model_dir)
         if pooling is not None and pooling.max_seq_length and "max_length" not in options:
             options["max_length"] = min(pooling.max_seq_length, model.config.max_sequence_length)
         elif "max_length" not in options and model.config.max_sequence_length < model.config.max_position_embeddings:
             options["max_length"] = model.config.max_sequence_length  # RoBERTa: 514 positions, 512 tokens
-        if (task == "rerank" and "max_length" not in options
+        if (use == "rerank" and "max_length" not in options
                 and 2 < tokenizer.model_max_length < model.config.max_sequence_length):
             # A cross-encoder reads pairs at its tokenizer's model_max_length, as sentence-transformers'
             # CrossEncoder does; `finetune --task rerank` writes its trained pair length there.
             options["max_length"] = tokenizer.model_max_length
-        return cls(model, tokenizer, model_dir=Path(model_dir), task=task, pooling=pooling, **options)
+        return cls(model, tokenizer, model_dir=Path(model_dir), use=use, pooling=pooling, **options)
 
     # -- tokenization --------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:
@@ -273,9 +258,15 @@ class Engine:
         """`run` over tokenizer encodings."""
         return self.run([e.ids for e in encodings], [e.type_ids for e in encodings], head)
 
+    @functools.cached_property
+    def word_pieces(self) -> WordPieces:
+        """The tokenizer as plain word pieces (no special tokens, no truncation), for the uses
+        that build their own windows (ner, qa, classify over windows); made once per engine."""
+        return WordPieces.of(self.tokenizer)
+
     def describe(self) -> dict[str, Any]:
         """What a caller (CLI summary, `/info`) reports about this engine."""
-        return {"model": str(self.model_dir) if self.model_dir else None, "task": self.task,
+        return {"model": str(self.model_dir) if self.model_dir else None, "task": self.use,
                 "precision": self.precision, "device": str(self.device),
                 "max_length": self.max_length, "max_batch_tokens": self.max_batch_tokens,
                 "threads": torch.get_num_threads()}

@@ -94,4 +94,4 @@ def _target_ids(tokenizer, targets: Sequence[str]) -> list[int]:
 
 def load_masked_lm(model_dir: str | os.PathLike):
     """A BertForMaskedLM from any BERT dir with an MLM head (error without one)."""
-    return Engine.load(model_dir, task="fill-mask").model
+    return Engine.load(model_dir, use="fill-mask").model

@@ -64,9 +64,8 @@ class _Kernels:
     available.
 
     Eager, quantize and dequantize are 4–6 passes over their tensor each; on 2 CPU threads they
-    cost more than the int8 matmul itself (8192 × 384 → 1152: quantize 52 ms, dequantize 135 ms,
-    `_int_mm` 44 ms; fused: 14 and 24 ms). The compiled functions compute the same values
-    (checked in the tests). Compilation happens once per process on first use (seconds; cached on
+    cost more than the int8 matmul itself, fused a fraction of it (docs/benchmarks.md has the
+    timings). The compiled functions compute the same values (checked in the tests). Compilation happens once per process on first use (seconds; cached on
     disk by inductor); BERTKIT_INT8_EAGER=1, or a failed compilation, keeps the eager functions.
     """
 
@@ -117,7 +116,7 @@ class Int8Linear(nn.Module):
         x = x.reshape(-1, self.in_features).float()  # (N, in)
         terms = self.terms()
         # Row blocks of ~1M int32 accumulators: each block is dequantized while it is still in
-        # cache instead of going to memory and back (8192 × 384 → 1152 on 2 threads: 39 → 26 ms).
+        # cache instead of going to memory and back (a third less time: docs/benchmarks.md).
         rows = max(256, CHUNK_ELEMENTS // self.out_features)
         y = torch.empty(x.shape[0], self.out_features)  # (N, out)
         for start in range(0, x.shape[0], rows):

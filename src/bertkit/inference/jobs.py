@@ -1,23 +1,34 @@
-"""Each use over a file of any size: the per-chunk functions that `files.run_file` drives.
+"""Each use over a file of any size, and `predict`: a fine-tuned directory over a file, by its head.
 
 `run_use_on_file("embed", engine, "texts.jsonl", "vectors.npy")` streams the input, runs the
 engine chunk by chunk and writes one ordered output (`.npy` for embeddings, else JSON Lines,
 one object per usable input row with its source `line`); bad rows are named and skipped,
 `resume=True` continues a killed run, and under torchrun the ranks split the input.
+
+`predict_file(model_dir, input, out)` is the same path with the use and its settings taken from
+the model: the use from its head (`tasks`), the lengths and columns from the finetune_config.json
+that `bertkit finetune` wrote. It is `bertkit classify|ner|qa --input FILE --out FILE` with those
+defaults, and reads the fine-tuning formats too: CoNLL and JSON Lines words for a tagger, SQuAD
+JSON for a QA model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
+from bertkit import tasks
+from bertkit.config import BertConfig
+from bertkit.fileio import check_writable_output, missing_model_dir
 from bertkit.inference.classify import classify, rerank
 from bertkit.inference.embed import embed
 from bertkit.inference.engine import Engine
+from bertkit.inference.files import run_file
 from bertkit.inference.fill_mask import fill_mask
-from bertkit.inference.ner import ner
+from bertkit.inference.ner import ner, ner_words
 from bertkit.inference.qa import qa
 
 USES = ("embed", "fill-mask", "classify", "ner", "qa", "rerank")
@@ -36,7 +47,11 @@ def chunk_function(use: str, engine: Engine, options: dict[str, Any]) -> Callabl
             return classify(engine, [r.text for r in records], pairs, **options)
         return classify_chunk
     if use == "ner":
-        return lambda records: [{"entities": e} for e in ner(engine, [r.text for r in records], **options)]
+        def ner_chunk(records):
+            if records[0].words is not None:  # pre-split words (CoNLL): tags per word too
+                return ner_words(engine, [r.words for r in records], **options)
+            return [{"entities": e} for e in ner(engine, [r.text for r in records], **options)]
+        return ner_chunk
     if use == "qa":
         return lambda records: [{"answers": a} for a in qa(engine, [r.text for r in records],
                                                             [r.pair for r in records], **options)]
@@ -52,17 +67,16 @@ def chunk_function(use: str, engine: Engine, options: dict[str, Any]) -> Callabl
 
 
 def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out_path: str | os.PathLike,
-                    *, text_field: str = "text", pair_field: str | None = None, resume: bool = False,
-                    overwrite: bool = False, progress: bool = True, chunk_size: int = 1024,
-                    fmt: str = "auto", **options: Any) -> dict[str, Any]:
+                    *, text_field: str = "text", pair_field: str | None = None,
+                    words_field: str | None = None, resume: bool = False, overwrite: bool = False,
+                    progress: bool = True, chunk_size: int = 1024, fmt: str = "auto",
+                    **options: Any) -> dict[str, Any]:
     """Run `use` over every usable row of `input_path` into `out_path`; returns run_file's summary.
 
     options: the use's own keyword arguments (pooling, top_k, targets, query, ...). They, the
     model and the precision are recorded, so `resume` refuses to continue with other settings.
     """
-    from bertkit.inference.files import run_file
-
-    if use == "qa" and pair_field is None:
+    if use == "qa" and pair_field is None and fmt != "squad":
         raise ValueError("qa over a file needs the context column: pass --pair-field (e.g. context) "
                          "and --text-field for the question")
     out = Path(out_path)
@@ -75,4 +89,111 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
     return run_file(input_path, out, chunk_function(use, engine, dict(options)), kind=kind,
                     dim=engine.config.hidden_size if kind == "npy" else None, chunk_size=chunk_size,
                     resume=resume, overwrite=overwrite, progress=progress, settings=settings, fmt=fmt,
-                    text_field=text_field, pair_field=pair_field, desc=use)
+                    text_field=text_field, pair_field=pair_field, words_field=words_field, desc=use)
+
+
+# ---------------------------------------------------------------------------------------------
+# predict: a fine-tuned directory over a file
+# ---------------------------------------------------------------------------------------------
+def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, out_path: str | os.PathLike,
+                 *, task: str | None = None, max_length: int | None = None, doc_stride: int | None = None,
+                 text_column: str | None = None, pair_column: str | None = None,
+                 tokens_key: str | None = None, batch_size: int | None = None, device: str = "auto",
+                 precision: str = "fp32", overwrite: bool = False, resume: bool = False,
+                 progress: bool = True) -> dict[str, Any]:
+    """Run a fine-tuned directory over `input_path` into `out_path` (JSON Lines), by its head.
+
+    task: classify, pair, ner or qa; default: the task finetune_config.json records, else the one
+      config.json's `architectures` names. Each setting left None comes from finetune_config.json
+      (then the use's default): max_length (pieces per window), doc_stride (pieces between window
+      starts), text_column / pair_column (classify: the columns; qa rows: question / context),
+      tokens_key (ner JSON Lines: the list of words).
+    batch_size: windows per batch, as fine-tuning's evaluation counts them: the engine's token
+      budget becomes batch_size × max_length (default: the engine's own, 8,192 tokens).
+    Inputs and outputs (one JSON object per usable input row, with its source `line`):
+      classify / pair: txt (a text a line), JSON Lines, CSV / TSV → {"label", "score", "scores"}
+        or {"value"}; every window of a long text is read, probabilities averaged (as fine-tuning
+        evaluates);
+      ner: txt raw text → {"entities"} with character offsets; CoNLL (any suffix but .txt and
+        .jsonl/.json) or JSON Lines words → {"tokens", "tags", "entities"};
+      qa: SQuAD JSON (.json) → {"id", "answers"}; JSON Lines / CSV / TSV with question and context
+        columns → {"answers"}.
+    Returns the file job's summary (`files.run_file`), with the task, the engine's precision and
+    length, and how many inputs it truncated.
+    """
+    out = check_writable_output(out_path, overwrite=None if resume else overwrite, kind="file")
+    directory = Path(model_dir)
+    if not directory.is_dir():
+        raise FileNotFoundError(missing_model_dir(model_dir, "--model"))
+    saved = _finetune_settings(directory)
+    config = BertConfig.from_json(directory)
+    task = task or saved.get("task") or tasks.finetune_task_of(config)
+    if task is None:
+        raise ValueError(f"{directory} has no {tasks.FINETUNE_CONFIG} and its config.json names no "
+                         f"task head; pass --task ({', '.join(tasks.PREDICT_TASKS)})")
+    if task not in tasks.PREDICT_TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(tasks.PREDICT_TASKS)}")
+    tasks.check_head(directory, config, task)
+    use = tasks.FINETUNE_TASKS[task].use
+    value = lambda given, key, default=None: given if given is not None else saved.get(key, default)  # noqa: E731
+    max_length = value(max_length, "max_length")
+    options: dict[str, Any] = {"max_length": max_length} if max_length else {}
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"batch size must be positive, got {batch_size}")
+        options["max_batch_tokens"] = batch_size * (max_length or config.max_sequence_length)
+    columns = {"text_column": text_column, "pair_column": pair_column, "tokens_key": tokens_key}
+    fmt, reading, use_options = _predict_reading(task, Path(input_path), columns, value(doc_stride, "doc_stride"),
+                                                 saved)
+    engine = Engine.load(directory, use=use, device=device, precision=precision, **options)
+    summary = run_use_on_file(use, engine, input_path, out, fmt=fmt, resume=resume, overwrite=overwrite,
+                              progress=progress, **reading, **use_options)
+    return {"task": task, "precision": engine.precision, "max_length": engine.max_length,
+            "truncated": engine.stats.truncated, **summary}
+
+
+def _predict_reading(task: str, path: Path, columns: dict[str, str | None], stride: int | None,
+                     saved: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(format, reading fields, the use's options) of `predict_file` for a task and an input.
+    columns: the caller's text_column / pair_column / tokens_key (None: as saved, or the default)."""
+    def column(key: str, default: str) -> str:
+        return columns[key] or saved.get(key) or default
+
+    suffix = path.suffix.lower()
+    if task in ("classify", "pair"):
+        reading = {"text_field": column("text_column", "text")}
+        if task == "pair":
+            reading["pair_field"] = column("pair_column", "text_pair")
+            if suffix in (".txt", ".text"):  # a line is one text; a pair model would see half its input
+                raise ValueError(f"{path}: a .txt file holds single texts (one a line), but the model "
+                                 "is for text pairs (task pair); give a CSV / TSV / JSONL file with "
+                                 f"columns {reading['text_field']!r} and {reading['pair_field']!r}")
+        return "auto", reading, {"windows": True, "stride": stride}
+    if task == "ner":
+        if suffix in (".txt", ".text"):
+            return "txt", {}, {"stride": stride}
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            return "jsonl", {"words_field": column("tokens_key", "tokens")}, {"stride": stride}
+        return "conll", {}, {"stride": stride}
+    qa_options = {"doc_stride": stride or 128, "max_answer_length": saved.get("max_answer_length", 30),
+                  "max_question_length": saved.get("max_query_length", 64),
+                  "allow_no_answer": bool(saved.get("version_2_with_negative"))}
+    if suffix == ".json":
+        return "squad", {}, qa_options
+    # QA rows: fine-tuning read SQuAD files, so its column settings are not these.
+    return "auto", {"text_field": columns["text_column"] or "question",
+                    "pair_field": columns["pair_column"] or "context"}, qa_options
+
+
+def _finetune_settings(directory: Path) -> dict[str, Any]:
+    """The settings `bertkit finetune` recorded in the directory ({} for another model)."""
+    path = directory / tasks.FINETUNE_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {err}; fix or remove it") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path} is not a JSON object of settings; fix or remove it")
+    return settings

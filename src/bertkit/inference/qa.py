@@ -10,6 +10,7 @@ is returned once, with its best score.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Sequence
 
@@ -19,7 +20,7 @@ from bertkit.data.tasks.common import max_context_owner
 from bertkit.data.tasks.qa import QAExample, QASettings, qa_features, snap_to_words
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Engine
-from bertkit.inference.ner import token_logits, word_pieces
+from bertkit.inference.ner import token_logits
 
 
 def qa(model: Engine | str | os.PathLike, questions: str | Sequence[str], contexts: str | Sequence[str],
@@ -46,7 +47,15 @@ def qa(model: Engine | str | os.PathLike, questions: str | Sequence[str], contex
                           doc_stride=doc_stride, max_query_length=max_question_length,
                           max_answer_length=max_answer_length, n_best=max(20, top_k))
     examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(zip(questions, contexts))]
-    encoded = qa_features(examples, word_pieces(engine), settings, training=False)
+    return answer_examples(engine, examples, settings, allow_no_answer=allow_no_answer, top_k=top_k)
+
+
+def answer_examples(engine: Engine, examples: Sequence[QAExample], settings: QASettings, *,
+                    allow_no_answer: bool, top_k: int = 1) -> list[list[dict[str, Any]]]:
+    """The top_k answers of each example, windows and decoding as `settings` say (the windows
+    are at most the engine's max_length). What `qa` and fine-tuning's evaluation both decode with."""
+    settings = dataclasses.replace(settings, max_seq_length=min(settings.max_seq_length, engine.max_length))
+    encoded = qa_features(examples, engine.word_pieces, settings, training=False)
     spans = token_logits(engine, encoded.features, field="spans")  # (T_f, 2) per feature
     by_example: dict[int, list[int]] = {}
     for f, feature in enumerate(encoded.features):

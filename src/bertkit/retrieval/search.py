@@ -155,7 +155,7 @@ class Searcher:
                 raise FileNotFoundError(f"the index's model {model_dir} is not there any more; pass "
                                         "--model with the same model, or rebuild the index")
             index.check_model(model_dir)  # before loading weights: a wrong model fails fast
-            engine = Engine.load(model_dir, task="embed", max_length=index.meta["max_length"],
+            engine = Engine.load(model_dir, use="embed", max_length=index.meta["max_length"],
                                  **engine_options)
         if engine.model_dir is None:
             raise ValueError("the query Engine has no model_dir to check against the index; load it "
@@ -232,7 +232,7 @@ def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
     own = engine_options.get("max_length") is None
     if own:
         engine_options.pop("max_length", None)
-    engine = Engine.load(model_dir, task="rerank", **engine_options)
+    engine = Engine.load(model_dir, use="rerank", **engine_options)
     if own:  # Engine.load took the model's limit; a trained length below it is the one to use
         engine.max_length = max(3, min(engine.tokenizer.model_max_length, engine.max_length))
     return engine

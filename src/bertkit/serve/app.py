@@ -46,8 +46,8 @@ except ImportError:  # the serve extra installs it; without it Python's json wri
 
 
 class JSONResponse(_StarletteJSONResponse):
-    """Starlette's JSONResponse, encoded by orjson when installed: one 384-float embedding took
-    Python's json 272 µs and orjson 13 µs, on the event loop every request passes through."""
+    """Starlette's JSONResponse, encoded by orjson when installed: it encodes an embedding about
+    twenty times faster than Python's json, on the event loop every request passes through."""
 
     def render(self, content: Any) -> bytes:
         if orjson is None:

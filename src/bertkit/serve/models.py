@@ -1,16 +1,9 @@
 """The models one process serves: each directory loaded once, for every use its head supports.
 
-A directory's head is read from config.json's `architectures` (falling back to the weights: an
-MLM head where `cls.predictions.*` exist, else the bare encoder). One Engine per directory, for
-its head; every model also embeds (the encoder under any head) and tokenizes, so a classifier's
-sentence vectors are one route away without loading it twice.
-
-head            routes
-encoder         embed, v1/embeddings, tokenize
-masked LM       + fill-mask
-classifier      + predict (+ rerank when it has one label: a cross-encoder)
-token tagger    + ner
-QA              + qa
+A directory's head, the use it serves and the routes that adds are read from the task table
+(`bertkit.tasks`: `use_of`, `USES[use].routes`). One Engine per directory, for its head; every model
+also embeds (the encoder under any head) and tokenizes, so a classifier's sentence vectors are one
+route away without loading it twice (v1/embeddings is the embed route in OpenAI's shape).
 """
 
 from __future__ import annotations
@@ -21,13 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit import tasks
 from bertkit.inference import Engine
 from bertkit.tokenizer import BertTokenizer
-
-# config.json's architecture name (its suffix, so RoBERTa & co. fit too) → the engine task
-HEAD_TASKS = (("ForQuestionAnswering", "qa"), ("ForTokenClassification", "ner"),
-              ("ForSequenceClassification", "classify"), ("ForMaskedLM", "fill-mask"),
-              ("ForPreTraining", "fill-mask"))
 
 
 @dataclass
@@ -57,8 +46,8 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         """TEI's /info fields for this model, plus the uses it serves."""
         config = self.engine.config
-        if "classify" in self.uses:
-            labels = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+        if "predict" in self.uses:
+            labels = dict(enumerate(tasks.label_names(config)))
             kind = "reranker" if "rerank" in self.uses else "classifier"
             model_type = {kind: {"id2label": {str(k): v for k, v in labels.items()},
                                  "label2id": {v: k for k, v in labels.items()}}}
@@ -72,37 +61,6 @@ class ServedModel:
                 "hidden_size": config.hidden_size}
 
 
-def head_task(model_dir: str | os.PathLike) -> str:
-    """The engine task for a directory's head: qa, ner, classify, fill-mask or embed."""
-    from bertkit.config import BertConfig
-
-    config = BertConfig.from_json(Path(model_dir) / "config.json")
-    for name in config.extra.get("architectures") or []:
-        for suffix, task in HEAD_TASKS:
-            if name.endswith(suffix):
-                return task
-        return "embed"  # a named architecture without a head we serve (BertModel, ...)
-    return "fill-mask" if _has_tensors(Path(model_dir), "cls.predictions") else "embed"
-
-
-def is_cross_encoder(config) -> bool:
-    """A classification head with one relevance logit (not a regression): it reranks."""
-    return config.num_labels == 1 and config.problem_type != "regression"
-
-
-def _has_tensors(model_dir: Path, prefix: str) -> bool:
-    weights = model_dir / "model.safetensors"
-    if not weights.is_file():
-        return False
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(weights), "pt") as f:
-            return any(k.startswith(prefix) for k in f.keys())
-    except Exception:  # damaged weights: let Engine.load report them with its own message
-        return False
-
-
 def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -> ServedModel:
     """Load `model_dir` for its head (see the module docstring); errors name the directory."""
     path = Path(model_dir)
@@ -111,18 +69,12 @@ def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -
     if not (path / "config.json").is_file():
         raise ValueError(f"{model_dir} has no config.json, so it is not a model directory; give a "
                          "directory saved by bertkit or Hugging Face (config.json + weights + vocab)")
-    task = head_task(path)
-    engine = Engine.load(path, task=task, **engine_options)
-    uses = ["embed", "tokenize"]
-    if task == "fill-mask":
-        uses.append("fill-mask")
-    elif task == "classify":
-        uses.append("predict")
-        if is_cross_encoder(engine.config):
-            uses.append("rerank")
-    elif task in ("ner", "qa"):
-        uses.append(task)
-    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(uses))
+    use = tasks.use_of(path)
+    engine = Engine.load(path, use=use, **engine_options)
+    routes = [*tasks.COMMON_ROUTES, *tasks.USES[use].routes]
+    if use == "classify" and tasks.is_cross_encoder(engine.config):
+        routes += tasks.USES["rerank"].routes
+    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(routes))
 
 
 def parse_model_args(specs: list[str]) -> list[tuple[str, str]]:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from bertkit.inference import fill_mask, ner, qa
-from bertkit.inference.embed import _encoder, pool, resolve_pooling
+from bertkit.inference.embed import pool, resolve_pooling
+from bertkit.model import encoder_of
 from bertkit.serve.models import ServedModel
 
 Ids = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one sequence, specials included
@@ -32,7 +33,7 @@ def _run_ids(model: ServedModel, items: Sequence[Ids], head: Callable) -> list[t
 def run_embed(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
     """(H,) float32 pooled vector per sequence, not normalized (each request decides)."""
     mode, _ = resolve_pooling(model.engine, None, None)
-    encoder = _encoder(model.engine.model)
+    encoder = encoder_of(model.engine.model)
 
     def head(_model, batch) -> torch.Tensor:
         hidden = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).hidden

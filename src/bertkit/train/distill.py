@@ -44,10 +44,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.checkpoint import load_into, read_state_dict
 from bertkit.config import BertConfig
-from bertkit.data.tasks.common import IGNORE_INDEX, WordPieces, pad_batch
+from bertkit.data.report import IGNORE_INDEX
+from bertkit.data.tasks.common import pad_batch
 from bertkit.fileio import atomic_write_json, check_writable_output
+from bertkit.heads import task_class
+from bertkit.model import BertForMaskedLM
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
+from bertkit.tokenizer import BertTokenizer
+from bertkit.train import finetune as ft
 from bertkit.train import optim, state
 
 log = logging.getLogger(__name__)
@@ -320,10 +326,8 @@ class _TaskData:
     """Features of the labelled (and unlabeled) inputs; each epoch's order is drawn from
     (seed, epoch) alone, so a resumed run regenerates it."""
 
-    def __init__(self, config: DistillConfig, runner, pieces: WordPieces):
-        from bertkit.train import finetune as ft
-
-        self.config, self.pieces = config, pieces
+    def __init__(self, config: DistillConfig, runner: ft.Task):
+        self.config, self.pieces = config, runner.pieces
         train, self.report = runner.read(config.train, training=True)
         if config.max_train_examples:
             train = train[:config.max_train_examples]
@@ -335,8 +339,7 @@ class _TaskData:
         self.features = features
         self.per_epoch = math.ceil(len(features) / config.batch_size)
         self._epoch, self._order = None, None
-        self._batches = ft._batches
-        self.digest = ft._features_digest(features)
+        self.digest = ft.features_digest(features)
 
     def _unlabeled(self, runner, spec: str) -> list[dict]:
         from bertkit.data.tasks import classify, ner
@@ -363,8 +366,8 @@ class _TaskData:
         epoch, i = divmod(k, self.per_epoch)
         if epoch != self._epoch:
             self._epoch = epoch
-            self._order = self._batches(self.features, self.config.batch_size,
-                                        random.Random(self.config.seed * 1000 + epoch))
+            self._order = ft.shuffled_batches(self.features, self.config.batch_size,
+                                              random.Random(self.config.seed * 1000 + epoch))
         return pad_batch([self.features[j] for j in self._order[i]], self.pieces.pad_id)
 
 
@@ -372,13 +375,10 @@ class _TaskData:
 # The run
 # ---------------------------------------------------------------------------------------------
 def _load_teacher(config: DistillConfig) -> nn.Module:
-    from bertkit.heads import HEADS
-    from bertkit.model import BertForMaskedLM
-
     directory = Path(config.teacher)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"--teacher {directory} is not a model directory (no config.json)")
-    cls = BertForMaskedLM if config.task is None else HEADS[config.task]
+    cls = BertForMaskedLM if config.task is None else task_class(config.task)
     if config.task is not None and not BertConfig.from_json(directory).id2label:
         raise ValueError(f"--teacher {directory} has no labels (id2label): task distillation needs a "
                          f"teacher fine-tuned with `bertkit finetune --task {config.task}`")
@@ -418,10 +418,6 @@ def distill(config: DistillConfig) -> dict[str, Any]:
     """Run one distillation (see the module docstring); returns summary.json's content."""
     from tqdm.auto import tqdm
 
-    from bertkit.checkpoint import load_into, read_state_dict
-    from bertkit.tokenizer import BertTokenizer
-    from bertkit.train import finetune as ft
-
     out = _check_out(config)
     teacher = _load_teacher(config)
     layers = config.layers or spread_layers(teacher.config.num_hidden_layers, config.student_layers)
@@ -435,16 +431,15 @@ def distill(config: DistillConfig) -> dict[str, Any]:
         losses_of = general_losses
     else:
         tokenizer = BertTokenizer.from_pretrained(config.teacher)
-        pieces = WordPieces.of(tokenizer)
         settings = ft.FinetuneConfig(task=config.task, model=config.teacher, train=config.train,
                                      out_dir=config.out_dir, max_length=config.max_length,
                                      eval_batch_size=config.eval_batch_size, progress=config.progress)
-        runner = ft.TASK_CLASSES[config.task](settings, pieces)
+        runner = ft.TASK_CLASSES[config.task](settings, tokenizer)
         runner.load_labels(teacher.config)
         if config.task == "classify" and runner.space.regression:
             raise ValueError(f"{config.teacher} is a regression model; distil a classifier (soft "
                              "labels need classes)")
-        data = _TaskData(config, runner, pieces)
+        data = _TaskData(config, runner)
         evaluation = runner.read(config.eval, training=False) if config.eval else None
         test = runner.read(config.test, training=False) if config.test else None
         # Only the tokenizer's files: checkpoints copy every file of this directory next to the
@@ -455,7 +450,7 @@ def distill(config: DistillConfig) -> dict[str, Any]:
     total = data.per_epoch * config.epochs
     if config.max_steps:
         total = min(total, config.max_steps)
-    device = ft._device(config.device)
+    device = ft.device_for(config.device)
     precision = resolve_precision(config.precision, device)
     teacher.to(device).eval()
     student.to(device).train()

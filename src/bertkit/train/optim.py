@@ -49,8 +49,8 @@ def build_optimizer(model: nn.Module, lr: float, *, weight_decay: float = 0.01,
     """AdamW over `param_groups(model, weight_decay)`.
 
     The fused kernel is used whenever every parameter sits on a device that has it (CPU and CUDA
-    in recent PyTorch): on CPU it is ~5× faster than the per-tensor loop for BERT-base, which
-    matters when an optimizer step is a sizeable part of a training step.
+    in recent PyTorch): on CPU it is several times faster than the per-tensor loop for BERT-base,
+    which matters when an optimizer step is a sizeable part of a training step.
     """
     if not lr > 0:
         raise ValueError(f"learning rate must be > 0, got {lr}")

@@ -22,7 +22,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -125,14 +125,19 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module,
-                    tokenizer_dir: str | os.PathLike, trainer_state: dict[str, Any],
-                    keep: int) -> Path:
+                    tokenizer_dir: str | os.PathLike | None, trainer_state: dict[str, Any],
+                    keep: int, *, write_model: Callable[[nn.Module, Path], Any] | None = None,
+                    publish: bool = True) -> Path:
     """Write `checkpoints/step-<step>` atomically, refresh `model/`, keep the newest `keep`.
 
     model: anything with `save_pretrained(dir)` (the unwrapped model, not the DDP wrapper).
     tokenizer_dir: its files (vocab.txt, tokenizer.json, ...) are copied next to the weights, so the
-    checkpoint is a complete Hugging Face model directory.
+    checkpoint is a complete Hugging Face model directory; None copies none.
     trainer_state: tensors and plain values only (see module docstring).
+    write_model: how the model's files are written into the checkpoint (default its
+    save_pretrained; fine-tuning with LoRA keeps the frozen base and the adapters apart).
+    publish: refresh RUN_DIR/model from the checkpoint (pre-training, distillation); fine-tuning
+    publishes its best epoch itself.
     Raises RuntimeError, saving nothing, if the model holds non-finite values.
     """
     if keep < 1:
@@ -147,15 +152,20 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module,
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp)
-    copy_tokenizer_files(tokenizer_dir, tmp)
+    if write_model is None:
+        model.save_pretrained(tmp)
+    else:
+        write_model(model, tmp)
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, tmp)
     torch.save(trainer_state, tmp / TRAINER_STATE)
     _fsync_tree(tmp)
     if final.exists():  # the same step saved again (e.g. end of run right after a periodic save)
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(root)
-    publish_model(final, Path(run_dir) / MODEL)
+    if publish:
+        publish_model(final, Path(run_dir) / MODEL)
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -263,25 +273,30 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no {METRICS} in {run_dir}; pass the --out directory of "
                                 "`bertkit pretrain` or `bertkit finetune`")
+    return read_records(path)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON Lines log, in file order. A run killed mid-write leaves at most
+    one partial line: it is skipped."""
     lines = enumerate(read_text(path).splitlines(), start=1)
-    # A run killed mid-write leaves at most one partial line: it is skipped.
-    return [record for _, record, error in json_lines(lines) if error is None]
+    return [record for _, record, error in json_lines(lines) if error is None and isinstance(record, dict)]
 
 
 class MetricsLog:
-    """Appends one JSON object per line to `RUN_DIR/metrics.jsonl`, flushed at once.
+    """Appends one JSON object per line to `RUN_DIR/metrics.jsonl` (or another `name`), flushed at once.
 
     On resume from step N, `truncate_after(N)` first drops lines that a killed run wrote after its
     last checkpoint, so the file holds every step exactly once.
     """
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.path = Path(run_dir) / METRICS
+    def __init__(self, run_dir: str | os.PathLike, name: str = METRICS):
+        self.path = Path(run_dir) / name
 
     def truncate_after(self, step: int) -> None:
         if not self.path.is_file():
             return
-        kept = [r for r in read_metrics(self.path.parent) if r.get("step", 0) <= step]
+        kept = [r for r in read_records(self.path) if r.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict[str, Any]) -> None:

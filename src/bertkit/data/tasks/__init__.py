@@ -6,8 +6,9 @@
 - `common` — row reading, bad-row reports, word pieces, windows and padding they share.
 """
 
+from bertkit.data.report import DataReport
 from bertkit.data.tasks.classify import ClassifyColumns, ClassifyExample, LabelSpace, read_classify
-from bertkit.data.tasks.common import DataReport, WordPieces
+from bertkit.data.tasks.common import WordPieces
 from bertkit.data.tasks.ner import NerSentence, read_ner
 from bertkit.data.tasks.qa import QAExample, QAPrediction, QASettings, read_squad
 

@@ -31,8 +31,9 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.tasks.common import (DataReport, WordPieces, known_label_order, read_rows,
-                                       row_format, window_spans)
+from bertkit.data.report import DataReport
+from bertkit.data.rows import read_rows
+from bertkit.data.tasks.common import WordPieces, known_label_order, window_spans
 
 
 @dataclass
@@ -85,9 +86,9 @@ def read_classify(path: str | os.PathLike, *, pair: bool = False,
     report = DataReport(str(path))
     needed = [columns.text] + ([columns.text_pair] if pair else []) + ([columns.label] if labelled else [])
     examples = []
-    table = row_format(path) != "jsonl"
     rows_with_pair = 0
-    for line_no, row in read_rows(path, report):
+    fix = "name the columns with --text-column / --pair-column / --label-column"
+    for line_no, row in read_rows(path, report, required=dict.fromkeys(needed, fix)):
         where = f"{path}:{line_no}"
         extra = row.pop(None, None)
         if extra:
@@ -97,11 +98,6 @@ def read_classify(path: str | os.PathLike, *, pair: bool = False,
                              f"{extra[0]!r}. A text that holds the delimiter must be quoted "
                              '("like, this"); fix the row (the fields would shift into the label '
                              "column)")
-        missing = [c for c in needed if c not in row] if table else []
-        if missing:  # a table's rows all carry its header's keys: the header lacks the column
-            raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} in the header "
-                             f"(columns: {', '.join(map(repr, row))}); name the columns with "
-                             "--text-column / --pair-column / --label-column")
         if not pair and row.get(columns.text_pair) is not None:
             raise ValueError(f"{where}: a second text in column {columns.text_pair!r}, but the task "
                              "(or model) reads single texts; pass --task pair to use both texts "

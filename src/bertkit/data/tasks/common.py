@@ -1,29 +1,25 @@
-"""What the three task readers share: reading rows, reporting bad ones, word pieces, windows, batches.
+"""What the three task readers share: word pieces, windows, training batches.
 
-- `read_rows` reads CSV / TSV / JSONL files into (line, row) pairs; bad rows are reported through a
-  `DataReport` (file and line named, counted, skipped) so one broken row never stops a run.
+- Rows of CSV / TSV / JSONL files come from `data.rows` (streamed; bad rows reported through a
+  `DataReport`: file and line named, counted, skipped, so one broken row never stops a run).
 - `WordPieces` wraps the `tokenizers` backend for encoding without special tokens or truncation:
   the task code places [CLS] / [SEP] itself, window by window.
 - `window_spans` and `max_context_owner` cut long inputs into overlapping windows and decide, for
   each position, which window sees it with the most context on both sides (the rule of the
   original BERT SQuAD code, used here for QA answer starts and for NER stitching).
-- `pad_batch` turns a list of features into padded tensors; `forward_batches` runs a model over
-  features in length-sorted batches and returns its outputs per feature.
+- `pad_batch` turns a list of training features into padded tensors (a model runs over
+  features for evaluation and prediction on the inference engine, `bertkit.inference`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.report import IGNORE_INDEX, DataReport, json_lines, read_text  # noqa: F401 (re-exported)
+from bertkit.data.report import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -37,59 +33,6 @@ def known_label_order(names: set[str], known: dict[str, int] | None) -> list[str
     if not known or all(k.startswith("LABEL_") for k in known) or not names <= set(known):
         return None
     return [k for k, _ in sorted(known.items(), key=lambda kv: kv[1])]
-
-
-# ---------------------------------------------------------------------------------------------
-# row files
-# ---------------------------------------------------------------------------------------------
-ROW_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
-
-
-def row_format(path: str | os.PathLike) -> str:
-    """'csv', 'tsv' or 'jsonl' from the file suffix; ValueError naming the suffixes understood."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in ROW_FORMATS:
-        raise ValueError(f"{path}: cannot tell the format from suffix {suffix!r}; use one of "
-                         f"{', '.join(ROW_FORMATS)} (CSV and TSV need a header row)")
-    return ROW_FORMATS[suffix]
-
-
-def read_rows(path: str | os.PathLike, report: DataReport) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, row dict) from a CSV / TSV (header row) or JSONL (one object a line) file.
-
-    Blank lines are ignored. A CSV/TSV row has every header key; fields a short row lacks are None
-    (the caller reports them), and fields past the header's are listed under the key None, as
-    `csv.DictReader` does (the caller refuses them). An undecodable JSONL line is reported here
-    and skipped.
-    """
-    path = Path(path)
-    text = read_text(path)
-    kind = row_format(path)
-    with io.StringIO(text, newline="") as f:
-        if kind == "jsonl":
-            for line_no, row, error in json_lines(enumerate(f, start=1)):
-                if error:
-                    report.skip(f"{path}:{line_no}", f"not valid JSON ({error})")
-                    continue
-                if not isinstance(row, dict):
-                    report.skip(f"{path}:{line_no}", f"expected a JSON object, got {type(row).__name__}")
-                    continue
-                yield line_no, row
-            return
-        reader = csv.reader(f, delimiter="," if kind == "csv" else "\t")
-        header = next(reader, None)
-        if not header:
-            raise ValueError(f"{path}: empty file; a {kind.upper()} file needs a header row naming "
-                             "its columns")
-        header = [h.strip() for h in header]
-        line_no = reader.line_num + 1
-        for fields in reader:
-            if any(x.strip() for x in fields):
-                row = dict(zip(header, fields + [None] * (len(header) - len(fields))))
-                if len(fields) > len(header):
-                    row[None] = fields[len(header):]
-                yield line_no, row
-            line_no = reader.line_num + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,43 +185,3 @@ def pad_batch(features: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torc
         if key in features[0]:
             batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)  # (B,)
     return batch
-
-
-@torch.no_grad()
-def forward_batches(model: torch.nn.Module, features: Sequence[dict[str, Any]], *, pad_id: int,
-                    batch_size: int = 32, fields: Sequence[str] = ("logits",),
-                    token_level: bool = False, progress: bool = False) -> dict[str, list[torch.Tensor]]:
-    """Run `model` in eval mode over features (inputs only, no labels) and collect output fields.
-
-    Returns {field: [one CPU float tensor per feature]}: the (C,) row of a sequence-level output
-    (B, C), or with `token_level` the feature's own (T_i, ...) slice of the per-token output.
-    The features run packed, without padding (`model.forward_packed`, the inference engine's
-    path), in token-budget batches of at most batch_size × the longest feature's tokens, and come
-    back in input order. `pad_id` is unused (nothing is padded); kept for callers' symmetry with
-    `pad_batch`. The model's train/eval mode is restored afterwards.
-    """
-    from tqdm.auto import tqdm
-
-    from bertkit.inference.engine import token_budget_batches
-    from bertkit.model import Packed
-
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    lengths = [len(f["input_ids"]) for f in features]
-    batches = list(token_budget_batches(lengths, batch_size * max(lengths, default=1)))
-    out: dict[str, list[Any]] = {name: [None] * len(features) for name in fields}
-    try:
-        for idx in tqdm(batches, desc="predict", disable=not progress, leave=False):
-            ids = torch.tensor([t for i in idx for t in features[i]["input_ids"]], device=device)  # (N,)
-            types = torch.tensor([t for i in idx for t in features[i]["token_type_ids"]], device=device)  # (N,)
-            packed = Packed.from_lengths([lengths[i] for i in idx], device)
-            result = model.forward_packed(ids, types, packed)
-            for name in fields:
-                values = getattr(result, name).float().cpu()  # (B, C) or (N, ...)
-                rows = values.split(packed.lengths) if token_level else values.unbind(0)
-                for i, row in zip(idx, rows):
-                    out[name][i] = row
-    finally:
-        model.train(was_training)
-    return out

@@ -19,17 +19,16 @@ BERT's SQuAD code uses for answer starts (`max_context_owner`).
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
-from bertkit.data.report import json_lines
-from bertkit.data.tasks.common import (IGNORE_INDEX, DataReport, WordPieces, known_label_order,
-                                       max_context_owner, read_text, window_spans)
+from bertkit.data.report import IGNORE_INDEX, DataReport
+from bertkit.data.rows import read_rows, text_lines
+from bertkit.data.tasks.common import WordPieces, known_label_order, max_context_owner, window_spans
 from bertkit.metrics import get_entities, split_tag
 
 SCHEMES = ("BIO", "BIOES")
@@ -140,10 +139,11 @@ def read_ner(path: str | os.PathLike, *, labelled: bool = True, tokens_key: str 
     path = Path(path)
     report = DataReport(str(path))
     if path.suffix.lower() in (".jsonl", ".json"):
-        raw = list(_read_jsonl(path, labelled, tokens_key, tags_key))
+        raw = list(_read_jsonl(path, report, labelled, tokens_key, tags_key))
     else:
-        raw = list(_read_conll(path, labelled))
-    # Readers yield sentences and (where, problem) pairs in file order, so the report keeps it.
+        raw = list(conll_sentences(path, report, labelled=labelled))
+    # Readers yield sentences and (where, problem) pairs in file order, so the report keeps it
+    # (rows that are not JSON at all are reported by the row reader as it goes).
     scheme = scheme or detect_scheme([s for s in raw if isinstance(s, NerSentence)])
     if scheme not in SCHEMES:
         raise ValueError(f"unknown tag scheme {scheme!r}; use BIO or BIOES")
@@ -170,7 +170,10 @@ def read_ner(path: str | os.PathLike, *, labelled: bool = True, tokens_key: str 
     return sentences, report, scheme
 
 
-def _read_conll(path: Path, labelled: bool):
+def conll_sentences(path: str | os.PathLike, report: DataReport, *, labelled: bool,
+                    encoding: str = "refuse") -> Iterator[NerSentence | tuple[str, str]]:
+    """The sentences of a CoNLL file, streamed: a NerSentence each, or (where, problem) for a
+    sentence that cannot be read (an empty token; no tag column when `labelled`)."""
     words, tags, start, bad = [], [], 0, None
 
     def flush():
@@ -180,54 +183,48 @@ def _read_conll(path: Path, labelled: bool):
             return NerSentence(list(words), list(tags) if labelled else None, f"{path}:{start}")
         return None
 
-    with io.StringIO(read_text(path)) as f:
-        for line_no, line in enumerate(f, start=1):
-            line = line.rstrip("\r\n")
-            if not line.strip() or line.startswith("-DOCSTART-"):
-                sentence = flush()
-                if sentence:
-                    yield sentence
-                words, tags, bad = [], [], None
-                continue
-            columns = line.split("\t") if "\t" in line else line.split()
-            columns = [c.strip() for c in columns]
-            if not words:
-                start = line_no
-            if not columns[0]:
-                bad = bad or f"line {line_no} has an empty token"
-            elif labelled and len(columns) < 2:
-                bad = bad or (f"line {line_no} has no tag column (expected token<TAB>tag)")
-            words.append(columns[0])
-            tags.append(columns[-1] if len(columns) > 1 else "O")
+    for line_no, line in text_lines(path, report, encoding=encoding):
+        line = line.rstrip("\r\n")
+        if not line.strip() or line.startswith("-DOCSTART-"):
+            sentence = flush()
+            if sentence:
+                yield sentence
+            words, tags, bad = [], [], None
+            continue
+        columns = line.split("\t") if "\t" in line else line.split()
+        columns = [c.strip() for c in columns]
+        if not words:
+            start = line_no
+        if not columns[0]:
+            bad = bad or f"line {line_no} has an empty token"
+        elif labelled and len(columns) < 2:
+            bad = bad or (f"line {line_no} has no tag column (expected token<TAB>tag)")
+        words.append(columns[0])
+        tags.append(columns[-1] if len(columns) > 1 else "O")
     sentence = flush()
     if sentence:
         yield sentence
 
 
-def _read_jsonl(path: Path, labelled: bool, tokens_key: str, tags_key: str):
-    with io.StringIO(read_text(path)) as f:
-        for line_no, row, error in json_lines(enumerate(f, start=1)):
-            where = f"{path}:{line_no}"
-            if error:
-                yield where, f"not valid JSON ({error})"
-                continue
-            words = row.get(tokens_key) if isinstance(row, dict) else None
-            tags = row.get(tags_key) if isinstance(row, dict) else None
-            if not isinstance(words, list) or (labelled and not isinstance(tags, list)):
-                wanted = f"{tokens_key!r}" + (f" and {tags_key!r}" if labelled else "")
-                yield where, (f"expected an object with list fields {wanted}; name the keys "
-                              "with --tokens-key / --tags-key")
-                continue
-            if not words:
-                yield where, "empty sentence"
-                continue
-            if labelled and len(tags) != len(words):
-                yield where, f"{len(words)} tokens but {len(tags)} tags"
-                continue
-            if any(not str(w).strip() for w in words):
-                yield where, "a token is empty"
-                continue
-            yield NerSentence([str(w) for w in words], [str(t) for t in tags] if labelled else None, where)
+def _read_jsonl(path: Path, report: DataReport, labelled: bool, tokens_key: str, tags_key: str):
+    for line_no, row in read_rows(path, report, fmt="jsonl"):
+        where = f"{path}:{line_no}"
+        words, tags = row.get(tokens_key), row.get(tags_key)
+        if not isinstance(words, list) or (labelled and not isinstance(tags, list)):
+            wanted = f"{tokens_key!r}" + (f" and {tags_key!r}" if labelled else "")
+            yield where, (f"expected an object with list fields {wanted}; name the keys "
+                          "with --tokens-key / --tags-key")
+            continue
+        if not words:
+            yield where, "empty sentence"
+            continue
+        if labelled and len(tags) != len(words):
+            yield where, f"{len(words)} tokens but {len(tags)} tags"
+            continue
+        if any(not str(w).strip() for w in words):
+            yield where, "a token is empty"
+            continue
+        yield NerSentence([str(w) for w in words], [str(t) for t in tags] if labelled else None, where)
 
 
 # ---------------------------------------------------------------------------------------------

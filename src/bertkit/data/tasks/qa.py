@@ -32,7 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.tasks.common import DataReport, WordPieces, max_context_owner, read_text, window_spans
+from bertkit.data.report import DataReport, read_text
+from bertkit.data.tasks.common import WordPieces, max_context_owner, window_spans
 
 
 @dataclass
@@ -46,6 +47,7 @@ class QAExample:
     answers: list[tuple[str, int]] = field(default_factory=list)
     is_impossible: bool = False
     where: str = ""
+    line: int = 0  # line of the question's id in the file (0 when not read from one)
 
 
 @dataclass
@@ -66,13 +68,15 @@ class QASettings:
 # ---------------------------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------------------------
-def read_squad(path: str | os.PathLike, *, training: bool) -> tuple[list[QAExample], DataReport, bool]:
+def read_squad(path: str | os.PathLike, *, training: bool,
+               report: DataReport | None = None) -> tuple[list[QAExample], DataReport, bool]:
     """Read a SQuAD-format JSON file (v1.1 or v2.0).
 
     training: answers are needed to make targets, so an answerable question whose first answer
       text is not found at its `answer_start` (or that has no answer) is reported and skipped.
       In evaluation only the answer texts are scored: an answer that is not at its
       `answer_start` keeps its question and is reported (`report.notes`, file, line and id).
+    report: where bad questions are counted (a new DataReport when None).
     Returns (examples, report, is_v2): is_v2 when the file says version "v2..." or any question
     carries `is_impossible`. Questions with an empty question or context, or a repeated id, are
     skipped; ValueError when none is usable.
@@ -87,7 +91,7 @@ def read_squad(path: str | os.PathLike, *, training: bool) -> tuple[list[QAExamp
         raise ValueError(f"{path}: not a SQuAD file; expected {{\"data\": [{{\"paragraphs\": "
                          "[{\"context\": ..., \"qas\": [...]}]}]}")
     lines = _id_lines(raw)
-    report = DataReport(str(path))
+    report = DataReport(str(path)) if report is None else report
     is_v2 = str(data.get("version", "")).startswith("v2")
     examples, seen = [], set()
     for article in data["data"]:
@@ -99,7 +103,7 @@ def read_squad(path: str | os.PathLike, *, training: bool) -> tuple[list[QAExamp
                 is_v2 = is_v2 or "is_impossible" in qa
                 problem = _qa_problem(qa, qid, context, seen, training)
                 if problem:
-                    report.skip(where, problem)
+                    report.skip_problem(where, problem)
                     continue
                 seen.add(qid)
                 if not training:
@@ -109,7 +113,8 @@ def read_squad(path: str | os.PathLike, *, training: bool) -> tuple[list[QAExamp
                 answers = [] if impossible else [(str(a["text"]), int(a["answer_start"]))
                                                  for a in qa.get("answers", [])
                                                  if isinstance(a, dict) and "text" in a]
-                examples.append(QAExample(qid, str(qa["question"]), context, answers, impossible, where))
+                examples.append(QAExample(qid, str(qa["question"]), context, answers, impossible, where,
+                                          lines.get(qid, 0)))
     report.n_kept = len(examples)
     report.require_rows()
     return examples, report, is_v2

@@ -1,4 +1,4 @@
-"""Pre-training loop: MLM (+ NSP) on prepared shards, resumable exactly, one process or many.
+"""The pre-training run: MLM (+ NSP) steps on prepared shards, resumable exactly, one process or many.
 
     pretrain(PretrainConfig(data="DATA_DIR", out="RUN_DIR", model="mini", max_steps=2000))
 
@@ -20,16 +20,12 @@ What a step does, and why:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import json
 import logging
 import math
-import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,289 +33,36 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bertkit import distributed
 from bertkit.checkpoint import load_into, read_state_dict
-from bertkit.config import BertConfig, check_override_keys
-from bertkit.data.shards import OBJECTIVES, PretrainingBatches, PretrainingData
+from bertkit.config import BertConfig
+from bertkit.data.shards import PretrainingBatches, PretrainingData
 from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
 from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
-from bertkit.precision import PRECISIONS, autocast, resolve_precision
+from bertkit.precision import autocast, resolve_precision
 from bertkit.tokenizer import BertTokenizer
-from bertkit.train import distributed, optim, state
+from bertkit.train import optim, state
+from bertkit.train.pretrain.batches import (
+    STATS,
+    RunBatches,
+    batch_stats,
+    data_digest,
+    evaluation_sums,
+    loader_workers,
+    make_loader,
+    summarise,
+    to_device,
+)
+from bertkit.train.pretrain.config import (
+    CONFIG_FILE,
+    RESUMABLE_CHANGES,
+    RUN_OUTPUTS,
+    SUMMARY_FILE,
+    PretrainConfig,
+    TrainingDiverged,
+)
 
 logger = logging.getLogger(__name__)
-
-CONFIG_FILE = "pretrain_config.json"
-SUMMARY_FILE = "summary.json"
-# What a run directory holds; --overwrite removes exactly these and leaves anything else alone.
-RUN_OUTPUTS = (CONFIG_FILE, SUMMARY_FILE, state.METRICS, state.CHECKPOINTS, state.MODEL, "curves.png")
-# Settings that may change when a run is resumed: they do not alter the sequence of updates.
-RESUMABLE_CHANGES = {"resume", "overwrite", "log_every", "save_every", "keep", "eval_every",
-                     "eval_batches", "num_workers", "progress", "max_bad_steps", "compile", "device",
-                     "time_limit"}
-
-
-class TrainingDiverged(RuntimeError):
-    """Too many non-finite steps in a row, or non-finite weights: the run stopped, nothing saved."""
-
-
-@dataclass
-class PretrainConfig:
-    """Every setting of a pre-training run; written to RUN_DIR/pretrain_config.json."""
-
-    data: str  # DATA_DIR made by `bertkit prepare` (its tokenizer fixes the vocabulary)
-    out: str  # RUN_DIR: checkpoints, metrics, final model
-    # Architecture: preset (tiny mini small medium base large), config.json or model directory.
-    # vocab_size always comes from the data's tokenizer.
-    model: str = "mini"
-    # Continue from the weights of any Hugging Face BERT directory (its tokenizer must be the data's).
-    init: str | None = None
-    # config.json fields to override on top of `model`, e.g. {"hidden_dropout_prob": 0.0}.
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-    # mlm | mlm+nsp | mlm+sop; None = what the data were prepared for (`bertkit prepare
-    # --objective`). mlm on pair data trains the MLM alone and ignores the pair labels.
-    objective: str | None = None
-
-    # --- length: exactly one of max_steps / epochs (neither = 1 epoch)
-    max_steps: int | None = None
-    epochs: float | None = None
-    # --- batch: sequences per optimizer step over all ranks and micro-batches (BERT used 256)
-    batch_size: int = 128
-    grad_accum: int = 1  # micro-batches per optimizer step (to fit memory; same result)
-    mlm_probability: float = 0.15  # share of tokens selected for MLM, as in the paper
-
-    # --- optimizer: AdamW as BERT (β, ε from the reference implementation)
-    lr: float = 5e-4  # peak; small models tolerate higher rates than base's 1e-4
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-6
-    schedule: str = "linear"  # linear | cosine | constant after warmup
-    warmup_steps: int | None = None  # None = 6% of the steps (RoBERTa's ratio), at least 1
-    max_grad_norm: float = 1.0  # clip the global gradient norm, as BERT
-
-    # --- execution
-    # auto = bf16 on CUDA; on CPU whichever of fp32 / bf16 a matmul probe measures faster here
-    # (bertkit.precision: CPU flags mislead, bf16 ran at half the fp32 rate on one AVX-512 BF16 CPU)
-    precision: str = "auto"
-    compile: bool = False  # torch.compile the encoder layers (first steps are slower while it compiles)
-    device: str = "auto"  # auto | cpu | cuda
-    # DataLoader worker processes preparing batches ahead of the model. None = one on CUDA or
-    # where a CPU core is left over by torch's threads, else none: on 2 cores with 2 threads a
-    # worker competes with the compute (mini, bench/pretrain.py: 4,440 tokens/s with one worker,
-    # 5,377 without).
-    num_workers: int | None = None
-    seed: int = 0
-
-    # --- visibility and checkpoints
-    log_every: int = 10  # steps between metrics.jsonl lines (values averaged over those steps)
-    eval_every: int | None = None  # steps between held-out evaluations (None = 10 × log_every)
-    eval_batches: int = 20  # held-out batches per evaluation (the same ones every time)
-    save_every: int = 1000  # steps between checkpoints (one is always written at the end)
-    keep: int = 2  # checkpoints kept (newest)
-    max_bad_steps: int = 10  # non-finite steps in a row before the run stops
-    # Seconds of training (this session) after which the run stops cleanly with a checkpoint, even
-    # before max_steps; --resume continues it. None = no limit.
-    time_limit: float | None = None
-    progress: bool = True  # tqdm progress bar on rank 0
-
-    resume: bool = False  # continue RUN_DIR from its newest complete checkpoint
-    overwrite: bool = False  # start over in an existing RUN_DIR (removes the previous run's files)
-
-    def validate(self) -> None:
-        """Raise ValueError naming every bad value and the fix."""
-        problems = []
-        positive = ("batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep",
-                    "max_bad_steps")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_steps", "eval_every", "warmup_steps"):
-            value = getattr(self, name)
-            low = 0 if name == "warmup_steps" else 1
-            if value is not None and (not isinstance(value, int) or value < low):
-                problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.max_steps is not None and self.epochs is not None:
-            problems.append("give either max_steps or epochs, not both")
-        if self.epochs is not None and not self.epochs > 0:
-            problems.append(f"epochs must be > 0, got {self.epochs!r}")
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr!r}")
-        if not 0 < self.mlm_probability < 1:
-            problems.append(f"mlm_probability must be in (0, 1), got {self.mlm_probability!r}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.schedule not in optim.SCHEDULES:
-            problems.append(f"schedule must be one of {', '.join(optim.SCHEDULES)}, got {self.schedule!r}")
-        if self.num_workers is not None and self.num_workers < 0:
-            problems.append(f"num_workers must be >= 0, got {self.num_workers!r}")
-        if self.time_limit is not None and not self.time_limit > 0:
-            problems.append(f"time_limit must be > 0 seconds, got {self.time_limit!r}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        if self.objective is not None and self.objective not in OBJECTIVES:
-            problems.append(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.resume and self.overwrite:
-            problems.append("resume and overwrite exclude each other; pass one")
-        try:  # a typo such as hiden_dropout_prob fails here, before the data are read
-            check_override_keys(self.model_overrides)
-        except ValueError as err:
-            problems.append(f"model_overrides (--model-arg): {err}")
-        if problems:
-            raise ValueError("invalid pre-training settings: " + "; ".join(problems))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "PretrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown pre-training setting(s): {', '.join(unknown)}")
-        return cls(**values)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: one DataLoader for the whole run, over (epoch, batch index) pairs
-# ---------------------------------------------------------------------------------------------
-class RunBatches(torch.utils.data.Dataset):
-    """Item (epoch, i) = micro-batch i of that epoch for this rank.
-
-    Indexing by (epoch, i) lets one DataLoader — and its worker processes — serve every epoch of
-    the run, and lets a resumed run start in the middle of an epoch by starting its index list
-    there. Each worker builds the epoch's `PretrainingBatches` (a permutation) once and caches it.
-    """
-
-    def __init__(self, data, rank_batch_size: int, *, seed: int, mlm_probability: float,
-                 rank: int, world_size: int):
-        self.data = data
-        self.kwargs = dict(seed=seed, rank=rank, world_size=world_size, mlm_probability=mlm_probability)
-        self.rank_batch_size = rank_batch_size  # rows this rank reads per micro-batch
-        self._epochs: dict[int, Any] = {}
-        self.batches_per_epoch = len(self._epoch(0))
-
-    def _epoch(self, epoch: int):
-        if epoch not in self._epochs:  # keep one epoch: its permutation is all there is to cache
-            self._epochs = {epoch: PretrainingBatches(self.data, self.rank_batch_size, epoch=epoch,
-                                                       **self.kwargs)}
-        return self._epochs[epoch]
-
-    def __getitem__(self, key: tuple[int, int]) -> dict[str, torch.Tensor]:
-        epoch, i = key
-        return self._epoch(epoch)[i]
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch
-
-    def positions(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """(epoch, i) of the run's micro-batches number start .. stop-1 (counted from step 0)."""
-        return [divmod(k, self.batches_per_epoch) for k in range(start, stop)]
-
-
-def _ignore_stop_signals(worker_id: int) -> None:
-    # Ctrl-C reaches the whole process group. The main process turns SIGINT / SIGTERM into a
-    # checkpoint at the next step boundary; a worker dying on them instead would break the batch
-    # that step still needs. Workers exit with their parent regardless (DataLoader watches it).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def loader_workers(requested: int | None, device: torch.device) -> int:
-    """DataLoader workers: `requested`, or by default 1 on CUDA or when a core is free of torch's
-    threads, else 0 (batches then build in the training process)."""
-    if requested is not None:
-        return requested
-    spare_core = (os.cpu_count() or 1) > torch.get_num_threads()
-    return 1 if device.type == "cuda" or spare_core else 0
-
-
-def make_loader(dataset: torch.utils.data.Dataset, keys: list, num_workers: int,
-                device: torch.device) -> torch.utils.data.DataLoader:
-    """Batches are made whole by the dataset (batch_size=None); workers prefetch them in order."""
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=None, sampler=keys, num_workers=num_workers,
-        prefetch_factor=4 if num_workers > 0 else None,
-        pin_memory=device.type == "cuda",
-        worker_init_fn=_ignore_stop_signals if num_workers > 0 else None,
-        # Our own generator: otherwise creating the iterator draws a seed from torch's global RNG,
-        # which would shift the dropout stream of a resumed run against an uninterrupted one.
-        generator=torch.Generator())
-
-
-def data_digest(meta: dict) -> str:
-    """Fingerprint of the prepared data, stored in checkpoints so a resume uses the same data."""
-    return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------
-# Statistics of one forward pass
-# ---------------------------------------------------------------------------------------------
-# Order of the per-window sums kept on device (one all-reduce per log line, not per step).
-_STATS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count")
-
-
-def batch_stats(out, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor) -> torch.Tensor:
-    """(6,) float64 sums for one micro-batch: see `_STATS`. Needs `out.mlm_predictions` (M,)."""
-    targets = mlm_labels[mlm_labels != IGNORE_INDEX]  # (M,)
-    m = targets.numel()
-    mlm_loss_sum = out.mlm_loss.detach().double() * m
-    mlm_correct = (out.mlm_predictions == targets).sum().double()  # (M,) → ()
-    has_nsp = nsp_labels != IGNORE_INDEX  # (B,)
-    # Labels the model did not score (--objective mlm on pair data) do not count as NSP rows.
-    n = int(has_nsp.sum()) if out.nsp_loss is not None else 0
-    if out.nsp_loss is not None and n:
-        nsp_loss_sum = out.nsp_loss.detach().double() * n
-        nsp_correct = (out.nsp_logits.detach().argmax(-1)[has_nsp] == nsp_labels[has_nsp]).sum().double()
-    else:
-        nsp_loss_sum = nsp_correct = torch.zeros((), dtype=torch.float64, device=mlm_labels.device)
-    return torch.stack([mlm_loss_sum, mlm_correct, mlm_loss_sum.new_tensor(float(m)),
-                        nsp_loss_sum, nsp_correct, nsp_loss_sum.new_tensor(float(n))])
-
-
-def summarise(stats: torch.Tensor) -> dict[str, float | None]:
-    """Window sums → loss, mlm_loss, mlm_accuracy, nsp_loss, nsp_accuracy (None without NSP)."""
-    s = dict(zip(_STATS, stats.tolist()))
-    mlm_loss = s["mlm_loss_sum"] / s["mlm_count"] if s["mlm_count"] else float("nan")
-    out: dict[str, float | None] = {
-        "mlm_loss": mlm_loss,
-        "mlm_accuracy": s["mlm_correct"] / s["mlm_count"] if s["mlm_count"] else None,
-        "nsp_loss": s["nsp_loss_sum"] / s["nsp_count"] if s["nsp_count"] else None,
-        "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
-    }
-    out["loss"] = mlm_loss + (out["nsp_loss"] or 0.0)
-    return out
-
-
-@torch.no_grad()
-def evaluation_sums(model: nn.Module, batches, *, device: torch.device, precision: str,
-                    max_batches: int | None = None, use_nsp: bool = True) -> torch.Tensor:
-    """(6,) sums (`_STATS`) of a model over the first `max_batches` of `batches` (all if None).
-
-    batches: a sequence of PretrainingBatches items. The model is put in eval mode (no dropout) and
-    returned to its previous mode. `summarise(sums)` turns the result into losses and accuracies.
-    use_nsp=False scores the MLM alone even where the batches carry NSP/SOP labels.
-    """
-    n = len(batches) if max_batches is None else min(max_batches, len(batches))
-    total = torch.zeros(len(_STATS), dtype=torch.float64, device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        for i in range(n):
-            batch = _to_device(batches[i], device)
-            has_nsp = use_nsp and bool((batch["nsp_labels"] != IGNORE_INDEX).any())
-            with autocast(device, precision):
-                out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                            mlm_labels=batch["mlm_labels"],
-                            nsp_labels=batch["nsp_labels"] if has_nsp else None)
-            total += batch_stats(out, batch["mlm_labels"], batch["nsp_labels"])
-    finally:
-        model.train(was_training)
-    return total
-
-
-def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,9 +354,9 @@ class Trainer:
         global_counts = distributed.all_reduce_sum(counts.sum(0).to(self.device), self.dist).cpu()
         mlm_total, nsp_total, tokens = global_counts.tolist()
         world = self.dist.world_size
-        stats = torch.zeros(len(_STATS), dtype=torch.float64, device=self.device)
+        stats = torch.zeros(len(STATS), dtype=torch.float64, device=self.device)
         for k, cpu_batch in enumerate(micro_batches):
-            batch = _to_device(cpu_batch, self.device)
+            batch = to_device(cpu_batch, self.device)
             last = k == len(micro_batches) - 1
             # DDP all-reduces gradients on every backward unless told not to: once per step suffices.
             sync = contextlib.nullcontext() if last or not self.dist.enabled else engine.no_sync()
@@ -670,7 +413,7 @@ class Trainer:
 
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                    disable=not (c.progress and self.dist.is_main))
-        window = torch.zeros(len(_STATS), dtype=torch.float64, device=self.device)
+        window = torch.zeros(len(STATS), dtype=torch.float64, device=self.device)
         # Training speed counts the steps only (data wait included), not evaluations or saves.
         window_tokens, window_seconds, window_steps = 0, 0.0, 0
         last_grad_norm = float("nan")

@@ -1,0 +1,74 @@
+"""What several rooms of the CLI share: the engine flags, JSON lines out, the web stack check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+# int8 is dynamic quantisation for inference; training needs gradients, so its commands stop at bf16.
+ENGINE_PRECISIONS = ["auto", "fp32", "bf16", "int8"]
+TRAINING_PRECISIONS = ["auto", "fp32", "bf16"]
+DEVICES = ["auto", "cpu", "cuda"]
+BATCH_TOKENS_HELP = "real tokens per batch (8192)"
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, *, explain_precision: bool = False,
+                         max_batch_tokens_help: str | None = None, max_length_help: str | None = None,
+                         truncate: bool = False, device: str = "cpu") -> None:
+    """The inference engine's flags, for every command that builds one: --precision and --device
+    always; --max-batch-tokens and --max-length where a help text is given (search batches its
+    queries itself; serve limits inputs with its own --max-input-length, as text-embeddings-inference
+    names it); --no-truncate with `truncate`. Defaults are the engine's: exact fp32 on the CPU
+    (`predict` keeps its own: the GPU when there is one)."""
+    p.add_argument("--precision", choices=ENGINE_PRECISIONS, default="fp32",
+                   help="fp32 (default, exact); bf16; int8 (dynamic, per-token; CPU); auto = the "
+                   "faster of fp32 and bf16, measured on this machine" if explain_precision else None)
+    if max_batch_tokens_help is not None:
+        p.add_argument("--max-batch-tokens", type=int, default=8192, help=max_batch_tokens_help)
+    if max_length_help is not None:
+        p.add_argument("--max-length", type=int, default=None, help=max_length_help)
+    if truncate:
+        p.add_argument("--no-truncate", action="store_false", dest="truncate",
+                       help="refuse inputs over the limit instead of truncating them with a warning")
+    p.add_argument("--device", choices=DEVICES, default=device)
+
+
+def add_training_engine_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                                  explain_precision: bool = False) -> None:
+    """--device and --precision of the training commands. No defaults here: those parsers suppress
+    what the user left out, so their config class's defaults apply (auto precision picks bf16 on
+    CUDA)."""
+    p.add_argument("--device", choices=DEVICES)
+    p.add_argument("--precision", choices=TRAINING_PRECISIONS,
+                   help="auto = bf16 on CUDA; on CPU the faster of fp32 / bf16, measured here"
+                   if explain_precision else None)
+
+
+def print_json(rows) -> None:
+    """One JSON object a line (--json)."""
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
+
+
+def print_file_job(summary: dict, engine=None) -> None:
+    """What a file job did, for people (one line, and one for truncated inputs), then its JSON."""
+    skipped = summary.get("skipped") or 0
+    precision = engine.precision if engine is not None else summary.get("precision")
+    print(f"{summary['rows']:,} row{'' if summary['rows'] == 1 else 's'} → {summary['out']} "
+          f"({precision}, {summary.get('rows_per_second') or 0:,.0f} rows/s"
+          f"{f', {skipped:,} bad row' + ('' if skipped == 1 else 's') + ' skipped' if skipped else ''})")
+    truncated = engine.stats.truncated if engine is not None else summary.get("truncated", 0)
+    if truncated:
+        max_length = engine.max_length if engine is not None else summary.get("max_length")
+        print(f"{truncated:,} input{'' if truncated == 1 else 's'} over {max_length} tokens truncated")
+    print(json.dumps(summary, ensure_ascii=False, default=str))
+
+
+def need_web_stack(command: str) -> None:
+    """The `serve` extra's packages, or an error with the line that installs them."""
+    import importlib.util
+
+    for module in ("starlette", "uvicorn", "prometheus_client"):
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"bertkit {command} needs the web stack ({module} is not installed): "
+                             "pip install 'bertkit[serve]'")

@@ -1,0 +1,243 @@
+"""Fine-tuning: finetune (classify, pair, ner, qa, embed, rerank), predict with the result, and the
+built-in labelled data sets to try it on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bertkit.cli.common import add_engine_arguments, add_training_engine_arguments, print_file_job
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    _add_finetune(sub)
+    _add_predict(sub)
+    _add_datasets(sub)
+
+
+# ---------------------------------------------------------------------------------------------
+# finetune
+# ---------------------------------------------------------------------------------------------
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a BERT on classify / pair / ner / qa data",
+                       description="Fine-tune a model directory (or a preset, randomly initialised, "
+                       "with --tokenizer) on a task. Options left out take the defaults of "
+                       "bertkit.train.finetune.FinetuneConfig. OUT is a Hugging Face model directory "
+                       "with finetune_config.json, metrics.jsonl and eval.json; the best epoch is "
+                       "saved as soon as it is scored.",
+                       argument_default=argparse.SUPPRESS)
+    # Groups only shape --help, one heading per concern; they leave the namespace as it was.
+    g = p.add_argument_group("model and data")
+    g.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa", "embed", "rerank"],
+                   help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (--loss on "
+                   "mined negatives); their data: JSONL {query, positive, negatives?} or TSV "
+                   "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval")
+    g.add_argument("--model", required=True,
+                   help="model directory, or preset (tiny … large) for random init")
+    g.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
+    data = g.add_mutually_exclusive_group(required=True)
+    data.add_argument("--train", help="training file (CSV/TSV/JSONL; CoNLL/JSONL for ner; SQuAD JSON "
+                      "for qa) or builtin:NAME[:SPLIT]")
+    data.add_argument("--dataset", help="built-in set (zh-sentiment, zh-ner, en-news): trains on its "
+                      "train split, picks epochs on dev, scores the best model on test")
+    g.add_argument("--eval", help="evaluation file, scored after every epoch")
+    g.add_argument("--test", help="test file, scored once with the best model")
+    g.add_argument("--out", required=True, dest="out_dir", help="output model directory")
+    g.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
+    g.add_argument("--max-length", type=int, help="pieces per window (128; qa 384)")
+    g.add_argument("--doc-stride", type=int, help="pieces between window starts (half a window; qa 128)")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, help="passes over the training data (3)")
+    g.add_argument("--batch-size", type=int, help="examples per step (32)")
+    g.add_argument("--lr", type=float, help="peak learning rate (default by model width: 1e-3 below "
+                   "hidden size 512, 1e-4 below 768, 3e-5 for base and wider)")
+    g.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
+    g.add_argument("--warmup-ratio", type=float, help="share of steps warming up (0.1)")
+    g.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
+    g.add_argument("--freeze-encoder", action="store_true", help="train the task head only")
+    g.add_argument("--patience", type=int, help="stop after N epochs without a better eval score")
+    g.add_argument("--seed", type=int)
+
+    g = p.add_argument_group("execution")
+    add_training_engine_arguments(g, explain_precision=True)
+    g.add_argument("--eval-batch-size", type=int, help="windows per evaluation batch (64)")
+    g.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    g.add_argument("--save-every", type=int,
+                   help="steps between training states in OUT/checkpoints (200; also after each epoch)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue OUT from its training state (same per-step losses as one run)")
+    g.add_argument("--overwrite", action="store_true", help="replace the results in an existing OUT")
+
+    g = p.add_argument_group("classify / pair")
+    g.add_argument("--text-column", help="text column or JSONL key (text)")
+    g.add_argument("--pair-column", help="pair: second text column (text_pair)")
+    g.add_argument("--label-column", help="label column (label)")
+    g.add_argument("--problem-type", choices=["regression", "single_label_classification"],
+                   help="default: regression when a label is a non-integer number")
+    g.add_argument("--eval-first-window", action="store_false", dest="eval_windows",
+                   help="evaluation: score each text's first --max-length pieces only, as training "
+                   "reads it (default: every window, probabilities averaged; BBC articles at 128 "
+                   "pieces have ~7 windows each)")
+
+    g = p.add_argument_group("ner")
+    g.add_argument("--tokens-key", help="JSONL key of the words (tokens)")
+    g.add_argument("--tags-key", help="JSONL key of the tags (tags)")
+    g.add_argument("--ner-invalid", choices=["skip", "repair"],
+                   help="sentences with broken BIO/BIOES: skip them (default) or read as conlleval")
+
+    g = p.add_argument_group("qa")
+    g.add_argument("--max-query-length", type=int, help="question pieces kept (64)")
+    g.add_argument("--max-answer-length", type=int, help="longest answer in pieces (30)")
+    g.add_argument("--n-best", type=int, help="candidate starts/ends per window (20)")
+    g.add_argument("--null-score-diff-threshold", type=float,
+                   help="v2: answer '' when null score - best span score exceeds this (0.0)")
+    g.add_argument("--version-2-with-negative", action="store_true",
+                   help="allow 'no answer' even if the training file is v1.1")
+
+    g = p.add_argument_group("embed / rerank (retrieval)")
+    g.add_argument("--pooling", choices=["mean", "cls"], help="embed: pooling (mean)")
+    g.add_argument("--scale", type=float, help="embed: cosine × scale = logit (20, a temperature of 0.05)")
+    g.add_argument("--hard-negatives", type=int, help="embed: a row's negatives per query in the batch (1)")
+    g.add_argument("--negatives", type=int, help="rerank: negatives per positive (3)")
+    g.add_argument("--mine", choices=["bm25", "biencoder", "none"],
+                   help="rerank: where negatives beyond a row's own come from (bm25)")
+    g.add_argument("--mine-model", help="rerank: bi-encoder dir for --mine biencoder")
+    g.add_argument("--loss", choices=["listwise", "bce"],
+                   help="rerank: listwise (softmax over a query's positive and negatives; "
+                   "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise)")
+
+    g = p.add_argument_group("LoRA")
+    g.add_argument("--lora", metavar="SPEC",
+                   help="LoRA adapters instead of full fine-tuning, e.g. r=8,alpha=16,dropout=0.05,"
+                   "targets=query,value (targets among query, key, value, attention.output, "
+                   "intermediate, output); only the adapters and the head train")
+    g.add_argument("--lora-save", choices=["merged", "adapters"],
+                   help="with --lora: merged into a plain checkpoint (default) or PEFT adapter files "
+                   "(adapter_config.json + adapter_model.safetensors)")
+    p.set_defaults(func=_run_finetune)
+
+
+def _run_finetune(args: argparse.Namespace) -> None:
+    import logging
+
+    from bertkit.train.finetune import FinetuneConfig, run_finetune
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
+    if "dataset" in vars(args):
+        settings["train"] = f"builtin:{args.dataset}"
+    from bertkit.train import retrieval
+
+    extra = {k: settings.pop(k) for k in retrieval.RETRIEVAL_OPTIONS if k in settings}
+    config = FinetuneConfig(**settings)
+    if config.task in retrieval.TASKS:
+        summary = retrieval.run(retrieval.from_finetune_config(config, **extra))
+        scores = summary.get("eval")
+        print(f"model saved in {config.out_dir} ({summary['steps']} steps, loss {summary['first_loss']:.4f} "
+              f"→ {summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else
+                                                   "no --eval set, so no score"))
+        print(json.dumps(summary, ensure_ascii=False))
+        return
+    if extra:
+        raise ValueError(f"--{next(iter(extra)).replace('_', '-')} applies to --task embed / rerank "
+                         f"only, not {config.task}")
+    summary = run_finetune(config)
+    print(finetune_summary_line(summary, config.out_dir))
+    print(json.dumps(summary, ensure_ascii=False))
+
+
+def finetune_summary_line(summary: dict, out_dir: str) -> str:
+    """The human line before the JSON: where the model is, its epoch and its eval / test score."""
+    metric = summary.get("metric")
+    line = f"model saved in {out_dir}"
+    if summary.get("best_epoch") is not None:
+        line += f" (epoch {summary['best_epoch']} of {summary.get('epochs_run')})"
+    for split in ("eval", "test"):
+        scores = summary.get(split) or {}
+        if isinstance(scores.get(metric), (int, float)):
+            line += f"; {split} {metric} {scores[metric]:.4f}"
+    if not summary.get("eval") and not summary.get("test"):
+        line += "; no --eval or --test set, so no score"
+    return line + f"; details in {Path(out_dir) / 'eval.json'}"
+
+
+# ---------------------------------------------------------------------------------------------
+# predict
+# ---------------------------------------------------------------------------------------------
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="run a fine-tuned model over a file (one JSON line per input)",
+                       description="Run a fine-tuned directory over a file, by its head: `bertkit "
+                       "classify|ner|qa --input FILE --out FILE` with the task, lengths and columns "
+                       "its finetune_config.json records (or --task for any fine-tuned BERT). Inputs: "
+                       "classify/pair CSV/TSV/JSONL or .txt (a text a line; every window of a long "
+                       "text read); ner CoNLL or JSONL words (tags per word) or .txt raw text "
+                       "(entities with character offsets); qa SQuAD JSON, or JSONL/CSV/TSV rows of "
+                       "question and context. Bad rows are named and skipped; --resume continues a "
+                       "killed run.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--model", required=True, dest="model_dir", help="fine-tuned model directory")
+    p.add_argument("--input", required=True, dest="input_path")
+    p.add_argument("--out", required=True, dest="out_path", help="JSONL predictions")
+    p.add_argument("--task", choices=["classify", "pair", "ner", "qa"])
+    p.add_argument("--batch-size", type=int,
+                   help="windows per batch: the engine's token budget is this × --max-length "
+                   "(default: 8,192 tokens)")
+    p.add_argument("--max-length", type=int, help="pieces per window (default: as fine-tuned)")
+    p.add_argument("--doc-stride", type=int, help="pieces between window starts (default: as fine-tuned)")
+    p.add_argument("--text-column", help="classify: text column (as fine-tuned); qa rows: question (question)")
+    p.add_argument("--pair-column", help="pair: second text column (as fine-tuned); qa rows: context (context)")
+    p.add_argument("--tokens-key", help="ner JSONL: the key of the word list (as fine-tuned)")
+    add_engine_arguments(p, explain_precision=True, device="auto")
+    p.add_argument("--no-progress", action="store_false", dest="progress")
+    p.add_argument("--resume", action="store_true", help="continue a killed run")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_predict)
+
+
+def _run_predict(args: argparse.Namespace) -> None:
+    from bertkit.inference.jobs import predict_file
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    print_file_job(predict_file(**settings))
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets
+# ---------------------------------------------------------------------------------------------
+def _add_datasets(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("datasets", help="list the built-in labelled sets, or write one out as files",
+                       description="Without arguments: list the built-in sets and their split sizes. "
+                       "With NAME and --out: write NAME.{train,dev,test}.jsonl (classification) or "
+                       ".conll (NER) into the directory, in the formats `finetune` reads.")
+    p.add_argument("name", nargs="?", help="set to write (zh-sentiment, zh-ner, en-news)")
+    p.add_argument("--out", help="directory for the files")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_datasets)
+
+
+def _run_datasets(args: argparse.Namespace) -> None:
+    from bertkit.data import labelled
+
+    if args.name is None:
+        for name, info in labelled.LABELLED_SETS.items():
+            sizes = ", ".join(f"{s} {len(labelled.load_labelled(name, s))}" for s in labelled.SPLITS)
+            print(f"{name:14} {info.task:9} {info.description} ({sizes})")
+        from bertkit.retrieval.datasets import RETRIEVAL_SETS, load_retrieval
+
+        for name, info in RETRIEVAL_SETS.items():
+            data = load_retrieval(name)
+            sizes = ", ".join(f"{s} {len(q)} queries" for s, q in data.queries.items())
+            print(f"{name:14} retrieval {info.description} (corpus {len(data.corpus)}; {sizes})")
+        return
+    if not args.out:
+        raise ValueError("writing a data set needs --out DIR")
+    from bertkit.retrieval.datasets import RETRIEVAL_SETS, write_retrieval
+
+    if args.name in RETRIEVAL_SETS:
+        for part, path in write_retrieval(args.name, args.out, overwrite=args.overwrite).items():
+            print(f"{part}: {path}")
+        return
+    for split, path in labelled.write_labelled(args.name, args.out, overwrite=args.overwrite).items():
+        print(f"{split}: {path}")

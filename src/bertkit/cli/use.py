@@ -1,0 +1,253 @@
+"""The uses of a model through one inference engine: embed, fill-mask, classify, ner, qa, rerank.
+
+Each takes texts on the command line (results printed) or --input FILE --out FILE (a file job).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_file_job, print_json
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    for add_use in (_add_fill_mask, _add_embed, _add_classify, _add_ner, _add_qa, _add_rerank):
+        add_use(sub)
+
+
+def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: str,
+             texts: bool = True) -> argparse.ArgumentParser:
+    """A use's parser with what every use shares: the model, texts or --input/--out, the engine."""
+    p = sub.add_parser(name, help=help, description=help + ". Texts on the command line print "
+                       "results; --input FILE (txt: a text a line; jsonl; csv/tsv with a header) "
+                       "--out FILE streams a file of any size (bad rows named and skipped; "
+                       "--resume continues a killed run; under torchrun the ranks split the input).")
+    p.add_argument("model", help=model_help)
+    if texts:
+        p.add_argument("texts", nargs="*", help="texts (or give --input)")
+    p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
+    p.add_argument("--out", help="output file for --input: .jsonl (or .npy for embed)")
+    p.add_argument("--text-field", default="text", help="jsonl key / csv column of the text (text)")
+    p.add_argument("--resume", action="store_true", help="continue a killed --input run")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    add_engine_arguments(p, explain_precision=True, max_batch_tokens_help=BATCH_TOKENS_HELP,
+                         max_length_help="tokens per input (default: the model's limit)", truncate=True)
+    p.add_argument("--json", action="store_true", help="print one JSON object per text")
+    return p
+
+
+def _engine(args: argparse.Namespace, use: str):
+    from bertkit.inference import Engine
+
+    return Engine.load(args.model, use=use, precision=args.precision,
+                       max_batch_tokens=args.max_batch_tokens, device=args.device,
+                       truncate=args.truncate,
+                       **({"max_length": args.max_length} if args.max_length else {}))
+
+
+def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
+    """Texts or --input/--out, not both; outputs checked before any model is loaded."""
+    from bertkit.fileio import check_writable_output
+
+    texts = getattr(args, "texts", None)
+    if args.input:
+        if texts:
+            raise ValueError("give texts on the command line or --input FILE, not both")
+        if not args.out:
+            raise ValueError("--input needs --out FILE (.jsonl, or .npy for embed)")
+        if not Path(args.input).is_file():
+            raise FileNotFoundError(f"--input {args.input} does not exist or is not a file")
+        check_writable_output(args.out, overwrite=None if args.resume else args.overwrite)
+    elif need_texts and not texts:
+        raise ValueError(f"bertkit {args.command} needs texts or --input FILE --out FILE")
+    elif args.out:
+        raise ValueError("--out goes with --input FILE; texts on the command line print their results")
+
+
+def _file_job(args: argparse.Namespace, use: str, engine, pair_field: str | None = None,
+              **options) -> None:
+    from bertkit.inference.jobs import run_use_on_file
+
+    summary = run_use_on_file(use, engine, args.input, args.out, text_field=args.text_field,
+                              pair_field=pair_field, resume=args.resume, overwrite=args.overwrite,
+                              progress=args.progress, **options)
+    print_file_job(summary, engine)
+
+
+def _use_engine(args: argparse.Namespace, use: str, **file_options):
+    """The engine for `use` over texts on the command line; None once `--input FILE` has been run
+    through it into `--out` (file_options: the use's options for the file job)."""
+    _inputs(args)
+    engine = _engine(args, use)
+    if not args.input:
+        return engine
+    _file_job(args, use, engine, **file_options)
+    return None
+
+
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "embed", "sentence embeddings (and their cosine similarities)",
+                 "model dir (any BERT checkpoint with tokenizer files)")
+    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
+                   help="default: the model's sentence-transformers pooling, else mean")
+    p.add_argument("--no-normalize", action="store_false", dest="normalize", default=None,
+                   help="keep the raw pooled vectors (default: the model's setting, else unit length)")
+    p.set_defaults(func=_run_embed)
+
+
+def _run_embed(args: argparse.Namespace) -> None:
+    from bertkit.inference import embed
+    from bertkit.inference.embed import resolve_pooling
+
+    engine = _use_engine(args, "embed", pooling=args.pooling, normalize=args.normalize)
+    if engine is None:
+        return
+    vectors = embed(engine, args.texts, pooling=args.pooling, normalize=args.normalize)
+    if args.json:
+        return print_json({"text": t, "embedding": v} for t, v in zip(args.texts, vectors.tolist()))
+    mode, unit = resolve_pooling(engine, args.pooling, args.normalize)
+    n = len(args.texts)
+    print(f"{n} embedding{'' if n == 1 else 's'} of size {vectors.shape[1]} ({mode} pooling"
+          f"{', unit length' if unit else ''}); cosine similarity:")
+    unit_vectors = vectors / vectors.norm(dim=-1, keepdim=True)
+    sims = unit_vectors @ unit_vectors.T
+    for i, text in enumerate(args.texts):
+        print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+
+
+def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "fill-mask", "top-k candidates with probabilities for each [MASK]",
+                 "model dir with an MLM head (ours or Hugging Face's) and tokenizer files")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--targets", nargs="+", default=None, help="score only these words")
+    p.set_defaults(func=_run_fill_mask)
+
+
+def _run_fill_mask(args: argparse.Namespace) -> None:
+    from bertkit.inference import fill_mask
+
+    engine = _use_engine(args, "fill-mask", top_k=args.top_k, targets=args.targets)
+    if engine is None:
+        return
+    results = fill_mask(engine, args.texts, top_k=args.top_k, targets=args.targets)
+    if args.json:
+        from dataclasses import asdict
+
+        return print_json({"text": text, "masks": [[asdict(c) for c in cands] for cands in masks]}
+                          for text, masks in zip(args.texts, results))
+    for text, masks in zip(args.texts, results):
+        print(text)
+        for i, cands in enumerate(masks):
+            shown = "  ".join(f"{c.token} {c.prob:.3f}" for c in cands)
+            print(f"  [MASK] {i + 1}: {shown}")
+
+
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "classify", "labels and scores of texts or text pairs",
+                 "model dir with a sequence-classification head (e.g. made by `bertkit finetune`)")
+    p.add_argument("--pair", nargs="+", default=None, help="second texts, one per text (pair models)")
+    p.add_argument("--pair-field", default=None, help="with --input: the column of the second text")
+    p.add_argument("--function", choices=["softmax", "sigmoid", "none"], default=None,
+                   help="scores from logits (default: softmax; sigmoid for multi-label and 1-label heads)")
+    p.set_defaults(func=_run_classify)
+
+
+def _run_classify(args: argparse.Namespace) -> None:
+    from bertkit.inference import classify
+
+    engine = _use_engine(args, "classify", pair_field=args.pair_field, function=args.function)
+    if engine is None:
+        return
+    rows = classify(engine, args.texts, args.pair, function=args.function)
+    if args.json:
+        return print_json({"text": t, **r} for t, r in zip(args.texts, rows))
+    for text, row in zip(args.texts, rows):
+        if "value" in row:
+            print(f"{row['value']:8.4f}  {text}")
+        else:
+            print(f"{row['label']:>12} {row['score']:.3f}  {text}")
+
+
+def _add_ner(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "ner", "named entities with character offsets",
+                 "model dir with a token-classification head (e.g. made by `bertkit finetune --task ner`)")
+    p.set_defaults(func=_run_ner)
+
+
+def _run_ner(args: argparse.Namespace) -> None:
+    from bertkit.inference import ner
+
+    engine = _use_engine(args, "ner")
+    if engine is None:
+        return
+    results = ner(engine, args.texts)
+    if args.json:
+        return print_json({"text": t, "entities": e} for t, e in zip(args.texts, results))
+    for text, entities in zip(args.texts, results):
+        print(text)
+        for e in entities:
+            print(f"  {e['type']:>6} {e['start']:>4}-{e['end']:<4} {e['score']:.3f}  {e['text']}")
+        if not entities:
+            print("  (no entities)")
+
+
+def _add_qa(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "qa", "answer spans to questions about a context (windows past the limit)",
+                 "model dir with a question-answering head (e.g. made by `bertkit finetune --task qa`)",
+                 texts=False)
+    p.add_argument("--question", nargs="+", default=None, help="questions")
+    p.add_argument("--context", default=None, help="the context (a file path or the text itself)")
+    p.add_argument("--pair-field", default="context", help="with --input: the context column (context)")
+    p.add_argument("--top-k", type=int, default=1, help="answers per question (1)")
+    p.add_argument("--max-answer-length", type=int, default=30, help="longest answer in pieces (30)")
+    p.add_argument("--allow-no-answer", action="store_true", help="SQuAD 2.0 models: may answer ''")
+    p.set_defaults(func=_run_qa, text_field="question")
+
+
+def _run_qa(args: argparse.Namespace) -> None:
+    from bertkit.inference import qa
+
+    args.texts = args.question
+    options = dict(top_k=args.top_k, max_answer_length=args.max_answer_length,
+                   allow_no_answer=args.allow_no_answer)
+    if not args.input and args.question and not args.context:
+        raise ValueError("qa needs --context TEXT_OR_FILE with --question, or --input FILE --out FILE")
+    engine = _use_engine(args, "qa", pair_field=args.pair_field, **options)
+    if engine is None:
+        return
+    context = args.context
+    if Path(context).is_file():
+        from bertkit.data.report import read_text
+
+        context = read_text(context)
+    results = qa(engine, args.question, context, **options)
+    if args.json:
+        return print_json({"question": q, "answers": a} for q, a in zip(args.question, results))
+    for question, answers in zip(args.question, results):
+        print(question)
+        for a in answers:
+            print(f"  {a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]")
+
+
+def _add_rerank(sub: argparse._SubParsersAction) -> None:
+    p = _add_use(sub, "rerank", "order documents by a cross-encoder's relevance to a query",
+                 "cross-encoder dir (a sequence-classification head with one label)")
+    p.add_argument("--query", required=True)
+    p.add_argument("--top-k", type=int, default=None, help="keep the best K (default all)")
+    p.add_argument("--raw-scores", action="store_true", help="logits instead of sigmoid scores")
+    p.set_defaults(func=_run_rerank)
+
+
+def _run_rerank(args: argparse.Namespace) -> None:
+    from bertkit.inference import rerank
+
+    engine = _use_engine(args, "rerank", query=args.query, raw_scores=args.raw_scores)
+    if engine is None:
+        return
+    ranked = rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores)
+    if args.json:
+        return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
+    for r in ranked:
+        print(f"{r['score']:8.4f}  [{r['index']}] {args.texts[r['index']]}")

@@ -1,0 +1,213 @@
+"""Sequences without padding: where the real tokens of a batch sit, and attention over them.
+
+Two layouts, used by the encoder in `model.py` (this module is its kernels, as MosaicBERT keeps
+`bert_padding.py` apart from its model):
+
+- `Padding`: a (B, T) batch with right padding. Dense layers and LayerNorm run on the N real
+  tokens only (a packed (N, H) tensor, `unpad`); attention sees the padded (B, T) layout again
+  (`pad`) with the padding mask. Used by training and by `BertModel.forward`.
+- `Packed`: sequences laid end to end, no padding anywhere (the inference engine's layout,
+  `BertModel.forward_packed`). Attention runs per *run* of neighbouring sequences of equal length,
+  as one batched SDPA call over a view of the packed tensor; on CUDA in 16 bits, as one
+  variable-length flash-attention call (`torch.nn.attention.varlen`).
+
+Key windows (CPU, fp32, inference): for most lengths 1-13 short of a multiple of 16, each
+sequence reads its keys through a window rounded up to that multiple, the rows past the sequence
+masked with -inf (`key_windows`, `windowed_attention`): SDPA's CPU flash kernel runs the last
+length % 16 keys of every score row through a slow partial-vector path. docs/benchmarks.md has
+the sweep that chose the lengths.
+
+Dimension letters: B batch, T sequence length, N real tokens, H hidden size, nh heads, hs head size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit import ops
+
+
+@dataclass
+class Padding:
+    """Where the real tokens sit in a (B, T) batch; None-free only when the batch has padding."""
+    index: torch.Tensor  # (N,) long: flat positions b * T + t of real tokens
+    key_mask: torch.Tensor  # (B, 1, 1, T) bool: True where a key may be attended
+    batch: int
+    length: int
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> "Padding | None":
+        """None when there is no padding: then nothing is gathered or scattered."""
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            return None
+        batch, length = mask.shape
+        index = mask.flatten().nonzero().squeeze(1)  # (N,)
+        return cls(index=index, key_mask=mask[:, None, None, :], batch=batch, length=length)
+
+    def first_rows(self) -> torch.Tensor:
+        """(B,) long: the row of each sequence's first token among the N real ones (right padding)."""
+        lengths = self.key_mask.view(self.batch, self.length).sum(1)  # (B,)
+        return lengths.cumsum(0) - lengths
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, D) → (B, T, D) with zeros at padding positions."""
+        out = packed.new_zeros(self.batch * self.length, packed.shape[-1])
+        out.index_copy_(0, self.index, packed)
+        return out.view(self.batch, self.length, -1)
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) → (N, D)."""
+        return padded.reshape(self.batch * self.length, -1).index_select(0, self.index)
+
+
+@dataclass
+class Packed:
+    """Sequences laid end to end, no padding anywhere: row r of an (N, ...) tensor is one token.
+
+    Built by `from_lengths`; the inference engine orders each batch by length so that sequences
+    of equal length sit next to each other and attend as one batched call (a `run`).
+    """
+    lengths: list[int]  # tokens of each of the B sequences, in packed order
+    starts: torch.Tensor  # (B,) long: row of each sequence's first token ([CLS])
+    position_ids: torch.Tensor  # (N,) long: 0 … len-1 within each sequence
+    sequence_index: torch.Tensor  # (N,) long: which sequence each row belongs to
+    runs: list[tuple[int, int, int]]  # (first row, sequences, length) of equal-length neighbours
+    cu_seqlens: torch.Tensor  # (B + 1,) int32 cumulative lengths, for the varlen kernel
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int], device: torch.device | str = "cpu") -> "Packed":
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"every packed sequence needs at least one token, got lengths {lengths[:8]}")
+        lens = torch.tensor(lengths, dtype=torch.long)
+        ends = lens.cumsum(0)
+        starts = ends - lens  # (B,)
+        total = int(ends[-1])
+        sequence_index = torch.repeat_interleave(torch.arange(len(lengths)), lens)  # (N,)
+        position_ids = torch.arange(total) - starts[sequence_index]  # (N,)
+        runs: list[tuple[int, int, int]] = []
+        for i, n in enumerate(lengths):
+            if runs and runs[-1][2] == n:
+                first, count, _ = runs[-1]
+                runs[-1] = (first, count + 1, n)
+            else:
+                runs.append((int(starts[i]), 1, n))
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
+        return cls(lengths=list(lengths), starts=starts.to(device), position_ids=position_ids.to(device),
+                   sequence_index=sequence_index.to(device), runs=runs, cu_seqlens=cu.to(device))
+
+    def attend(self, layer: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
+        """(N, 3H) fused projections → (N, H) attention outputs, each sequence seeing only itself.
+
+        layer: the encoder layer (`model.EncoderLayer`): its num_heads, head_dim,
+        attention_dropout and training mode are read.
+        """
+        nh, hs = layer.num_heads, layer.head_dim
+        if qkv.device.type == "cuda" and qkv.dtype in (torch.float16, torch.bfloat16):
+            from torch.nn.attention.varlen import varlen_attn
+
+            q, k, v = qkv.view(-1, 3, nh, hs).unbind(1)  # (N, nh, hs) each
+            longest = max(self.lengths)
+            y = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, longest, longest)  # (N, nh, hs)
+            return y.reshape(qkv.shape[0], nh * hs)
+        if len(self.runs) == 1 and not key_windows(layer, qkv, self.runs[0][2]):
+            # one length: SDPA's output, transposed, is already (N, H) in order
+            count, length = self.runs[0][1:]
+            q, k, v = qkv.view(count, length, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
+            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
+            return y.transpose(1, 2).reshape(qkv.shape[0], nh * hs)  # a view when SDPA's layout allows
+        out = qkv.new_empty(qkv.shape[0], nh * hs)  # (N, H)
+        for first, count, length in self.runs:
+            rows = slice(first, first + count * length)
+            # written in place: no concatenation of the runs' outputs afterwards
+            target = out[rows].view(count, length, nh, hs)
+            if key_windows(layer, qkv, length):
+                windowed_attention(qkv, first, length, target)
+                continue
+            q, k, v = (qkv[rows].view(count, length, 3, nh, hs)  # (c, L, 3, nh, hs), a view
+                       .permute(2, 0, 3, 1, 4).unbind(0))  # (c, nh, L, hs) each
+            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
+            target.copy_(y.transpose(1, 2))
+        return out
+
+    def attend_first(self, layer: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
+        """(N, 3H) fused projections → (B, H): attention of each sequence's first token alone."""
+        nh, hs = layer.num_heads, layer.head_dim
+        out = qkv.new_empty(len(self.lengths), nh * hs)  # (B, H)
+        done = 0
+        for first, count, length in self.runs:
+            block = qkv[first:first + count * length].view(count, length, 3, nh, hs)  # a view
+            q = block[:, :1, 0].transpose(1, 2)  # (c, nh, 1, hs)
+            k, v = block[:, :, 1].transpose(1, 2), block[:, :, 2].transpose(1, 2)  # (c, nh, L, hs)
+            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, 1, hs)
+            out[done:done + count] = y.reshape(count, nh * hs)
+            done += count
+        return out
+
+
+def _window(length: int) -> int:
+    """Keys each query of a `length`-token sequence reads in `windowed_attention`: the length
+    rounded up to a multiple of 16."""
+    return -(-length // 16) * 16
+
+
+def key_windows(layer: nn.Module, qkv: torch.Tensor, length: int) -> bool:
+    """Whether sequences of `length` tokens attend through `windowed_attention`: fp32 on the
+    CPU, at inference (no dropout, no autograd), for lengths of 8–384 tokens that are 1–13 short
+    of a multiple of 16 (length % 16 of 3–15).
+
+    Why: the CPU flash-attention kernel runs the last length % 16 keys of each score row through
+    its slow partial-vector path, which made a 30-token sequence more than twice as slow per token
+    as a 32-token one. One or two tokens past a multiple of 16, past 384 and below 8 tokens, the
+    wider window measured the same or slower, so those lengths attend as they are (the sweep is in
+    docs/benchmarks.md). fp32 only: bf16 takes another path of the kernel, and autograd would have
+    to run backwards through overlapping views.
+    """
+    return (length % 16 > 2 and 8 <= length <= 384 and qkv.dtype == torch.float32
+            and qkv.device.type == "cpu" and qkv.stride(1) == 1 and not layer.training
+            and not (torch.is_grad_enabled() and qkv.requires_grad))
+
+
+_MASKS: dict[int, torch.Tensor] = {}  # (1, 1, 1, window) -inf past each length, made once
+
+
+def windowed_attention(qkv: torch.Tensor, first: int, length: int, out: torch.Tensor) -> None:
+    """Attention of the consecutive `length`-token sequences from row `first` of the packed
+    (N, 3H) projections, written into out (count, length, nh, hs): each query reads a window of
+    `_window(length)` keys from its sequence's first row on — its own keys, then rows of the
+    sequences after it, masked with -inf.
+
+    No copy: the windows are overlapping strided views of `qkv`. The few sequences whose window
+    would run past the last row read the same windows from a zero-padded copy of their rows, so
+    every sequence goes through the same kernel call shape. Equal to attention over the sequence
+    alone within float rounding (the masked keys get exactly zero weight), and bit-identical
+    whatever the neighbours are, whose finite values are multiplied by those zeros (a neighbour
+    whose projections overflowed to inf would turn its window's rows to NaN: a diverged model's).
+    """
+    count, _, nh, hs = out.shape
+    window = _window(length)
+    if length not in _MASKS:
+        mask = torch.zeros(1, 1, 1, window)
+        mask[..., length:] = float("-inf")
+        _MASKS[length] = mask
+
+    def attend(rows: torch.Tensor, start: int, sequences: int, target: torch.Tensor) -> None:
+        step = rows.stride(0)
+        q = rows[start:start + sequences * length].view(sequences, length, 3, nh, hs)[:, :, 0].transpose(1, 2)
+        kv = rows.as_strided((sequences, window, 2, nh, hs), (length * step, step, nh * hs, hs, 1),
+                             rows.storage_offset() + start * step + nh * hs)  # (c, W, 2, nh, hs) windows of K, V
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (c, nh, W, hs) each
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=_MASKS[length])  # (c, nh, L, hs)
+        target.copy_(y.transpose(1, 2))
+
+    fit = min(count, max(0, (qkv.shape[0] - first - window) // length + 1))  # windows inside qkv's rows
+    if fit:
+        attend(qkv, first, fit, out[:fit])
+    if fit < count:
+        tail = qkv.new_zeros((count - fit) * length + window - length, qkv.shape[1])  # (rows, 3H)
+        tail[:(count - fit) * length] = qkv[first + fit * length:first + count * length]
+        attend(tail, 0, count - fit, out[fit:])

@@ -1,0 +1,133 @@
+"""What a fine-tuning run starts from and writes to: tokenizer, model, device, output directory."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertkit import distributed
+from bertkit.checkpoint import load_into, read_state_dict, to_hf_state_dict
+from bertkit.config import PRESETS, BertConfig
+from bertkit.fileio import check_writable_output, missing_model_dir
+from bertkit.heads import task_class
+from bertkit.tokenizer import BertTokenizer
+from bertkit.train import lora
+from bertkit.train import state as train_state
+from bertkit.train.finetune.config import FinetuneConfig
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+EVAL_FILE = "eval.json"
+STEPS_FILE = "steps.jsonl"
+HEAD_PREFIXES = ("classifier.", "qa_outputs.")  # Hugging Face names of the task heads' tensors
+
+
+def load_tokenizer(config: FinetuneConfig) -> BertTokenizer:
+    """The run's tokenizer: --tokenizer, else the model directory's own."""
+    source = config.tokenizer
+    if source is None:
+        if config.model in PRESETS:
+            raise ValueError(f"--model {config.model} is a preset (random init) and has no tokenizer; "
+                             "pass --tokenizer DIR (e.g. the directory of a pre-trained model)")
+        if not Path(config.model).is_dir():
+            raise FileNotFoundError(missing_model_dir(config.model, "--model") + f", or a preset "
+                                    f"({', '.join(PRESETS)}) with --tokenizer")
+        source = config.model
+    return BertTokenizer.from_pretrained(source)
+
+
+def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[str, Any],
+                seed: int) -> nn.Module:
+    """The task model: a preset of fresh weights (seeded), or a directory's weights with the head
+    for `label_overrides`. A head of a different size in the directory (an earlier task's) is
+    dropped and initialised afresh; a head of the same labels is kept."""
+    cls = task_class(task)
+    torch.manual_seed(seed)  # the new head (and a preset's encoder) start from the run's seed
+    if model in PRESETS:
+        return cls(BertConfig.preset(model, vocab_size=vocab_size, **label_overrides))
+    directory = Path(model)
+    if not directory.is_dir():
+        raise FileNotFoundError(missing_model_dir(model, "--model") + f", or a preset "
+                                f"({', '.join(PRESETS)})")
+    config = BertConfig.from_json(directory)
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"the model's vocab_size {config.vocab_size} differs from the tokenizer's "
+                         f"{vocab_size}; use the tokenizer the model was trained with")
+    config = config.replace(**label_overrides) if label_overrides else config
+    net = cls(config)
+    state = read_state_dict(directory)
+    own_shapes = {k: v.shape for k, v in to_hf_state_dict(net.state_dict()).items()}
+    stale = [k for k, v in state.items() if k.startswith(HEAD_PREFIXES) and k in own_shapes
+             and tuple(v.shape) != tuple(own_shapes[k])]
+    if stale:
+        log.warning("%s: task head %s has another label set; it is initialised afresh", model,
+                    ", ".join(stale))
+        state = {k: v for k, v in state.items() if k not in stale}
+    net.load_report = load_into(net, state, str(directory))
+    return net
+
+
+def default_lr(hidden_size: int) -> float:
+    """The peak fine-tuning learning rate for an encoder of `hidden_size`.
+
+    Base and wider (768+): 3e-5, inside the 2e-5 … 5e-5 that BERT's authors searched (Devlin et
+    al. 2019, appendix A.3). The compact models need more: BERT-tiny pre-trained briefly by the
+    quickstart (600 steps), one epoch of the built-in sets (dev): zh-sentiment accuracy 0.529 at
+    3e-5 (the majority class), 0.799 at 1e-3; zh-ner entity F1 0.011 at 3e-5, 0.452 at 1e-3 (issue
+    13, item 8). Widths in between (small, medium: 512) take 1e-4, the highest rate Turc et al.
+    2019 searched for their compact BERTs.
+    """
+    if hidden_size >= 768:
+        return 3e-5
+    if hidden_size >= 512:
+        return 1e-4
+    return 1e-3
+
+
+def device_for(name: str) -> torch.device:
+    """The device of a single-process run (fine-tuning and distillation do not run under torchrun)."""
+    info = distributed.init_distributed(name)
+    if info.world_size > 1:
+        raise ValueError("fine-tuning runs in a single process; start it without torchrun")
+    return info.device
+
+
+def check_out_dir(config: FinetuneConfig, outputs: tuple[str, ...]) -> Path:
+    """OUT_DIR may be new or empty; a previous run's files are replaced only with `overwrite`."""
+    out = check_writable_output(config.out_dir, overwrite=None, kind="dir")
+    existing = [name for name in outputs if (out / name).exists()]
+    if existing and not (config.overwrite or config.resume):
+        raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out or "
+                              "pass --overwrite to replace them")
+    return out
+
+
+def start_out_dir(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (METRICS_FILE, EVAL_FILE, STEPS_FILE):
+        (out / name).unlink(missing_ok=True)  # stale results must not mix with this run's
+    shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
+
+
+def save_model(model: nn.Module, out: Path, config: FinetuneConfig) -> None:
+    """The model OUT_DIR holds: itself, or with LoRA merged / as PEFT adapters (`lora_save`)."""
+    if config.lora:
+        lora.save_lora(model, out, config.lora_save, base_model=str(Path(config.model).resolve()))
+    else:
+        model.save_pretrained(out)
+
+
+def load_best(model: nn.Module, out: Path, config: FinetuneConfig, label_overrides: dict) -> nn.Module:
+    """The best model saved in OUT_DIR, for the test score: as `save_model` wrote it."""
+    if config.lora and config.lora_save == "adapters":
+        best = build_model(config.task, config.model, model.config.vocab_size, label_overrides, config.seed)
+        lora.apply_lora(best, lora.LoraSpec.parse(config.lora))
+        lora.load_adapters(best, out)
+        return best.eval()
+    return type(model).from_pretrained(out)

@@ -1,0 +1,142 @@
+"""Every setting of a pre-training run: `PretrainConfig`, written to RUN_DIR/pretrain_config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from bertkit.config import check_override_keys
+from bertkit.data.shards import OBJECTIVES
+from bertkit.precision import PRECISIONS
+from bertkit.train import optim, state
+
+CONFIG_FILE = "pretrain_config.json"
+SUMMARY_FILE = "summary.json"
+# What a run directory holds; --overwrite removes exactly these and leaves anything else alone.
+RUN_OUTPUTS = (CONFIG_FILE, SUMMARY_FILE, state.METRICS, state.CHECKPOINTS, state.MODEL, "curves.png")
+# Settings that may change when a run is resumed: they do not alter the sequence of updates.
+RESUMABLE_CHANGES = {"resume", "overwrite", "log_every", "save_every", "keep", "eval_every",
+                     "eval_batches", "num_workers", "progress", "max_bad_steps", "compile", "device",
+                     "time_limit"}
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite steps in a row, or non-finite weights: the run stopped, nothing saved."""
+
+
+@dataclass
+class PretrainConfig:
+    """Every setting of a pre-training run; written to RUN_DIR/pretrain_config.json."""
+
+    data: str  # DATA_DIR made by `bertkit prepare` (its tokenizer fixes the vocabulary)
+    out: str  # RUN_DIR: checkpoints, metrics, final model
+    # Architecture: preset (tiny mini small medium base large), config.json or model directory.
+    # vocab_size always comes from the data's tokenizer.
+    model: str = "mini"
+    # Continue from the weights of any Hugging Face BERT directory (its tokenizer must be the data's).
+    init: str | None = None
+    # config.json fields to override on top of `model`, e.g. {"hidden_dropout_prob": 0.0}.
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    # mlm | mlm+nsp | mlm+sop; None = what the data were prepared for (`bertkit prepare
+    # --objective`). mlm on pair data trains the MLM alone and ignores the pair labels.
+    objective: str | None = None
+
+    # --- length: exactly one of max_steps / epochs (neither = 1 epoch)
+    max_steps: int | None = None
+    epochs: float | None = None
+    # --- batch: sequences per optimizer step over all ranks and micro-batches (BERT used 256)
+    batch_size: int = 128
+    grad_accum: int = 1  # micro-batches per optimizer step (to fit memory; same result)
+    mlm_probability: float = 0.15  # share of tokens selected for MLM, as in the paper
+
+    # --- optimizer: AdamW as BERT (β, ε from the reference implementation)
+    lr: float = 5e-4  # peak; small models tolerate higher rates than base's 1e-4
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-6
+    schedule: str = "linear"  # linear | cosine | constant after warmup
+    warmup_steps: int | None = None  # None = 6% of the steps (RoBERTa's ratio), at least 1
+    max_grad_norm: float = 1.0  # clip the global gradient norm, as BERT
+
+    # --- execution
+    # auto = bf16 on CUDA; on CPU whichever of fp32 / bf16 a matmul probe measures faster here
+    # (bertkit.precision: CPU flags mislead, bf16 ran at half the fp32 rate on one AVX-512 BF16 CPU)
+    precision: str = "auto"
+    compile: bool = False  # torch.compile the encoder layers (first steps are slower while it compiles)
+    device: str = "auto"  # auto | cpu | cuda
+    # DataLoader worker processes preparing batches ahead of the model. None = one on CUDA or
+    # where a CPU core is left over by torch's threads, else none: on 2 cores with 2 threads a
+    # worker competes with the compute and slows it (docs/benchmarks.md).
+    num_workers: int | None = None
+    seed: int = 0
+
+    # --- visibility and checkpoints
+    log_every: int = 10  # steps between metrics.jsonl lines (values averaged over those steps)
+    eval_every: int | None = None  # steps between held-out evaluations (None = 10 × log_every)
+    eval_batches: int = 20  # held-out batches per evaluation (the same ones every time)
+    save_every: int = 1000  # steps between checkpoints (one is always written at the end)
+    keep: int = 2  # checkpoints kept (newest)
+    max_bad_steps: int = 10  # non-finite steps in a row before the run stops
+    # Seconds of training (this session) after which the run stops cleanly with a checkpoint, even
+    # before max_steps; --resume continues it. None = no limit.
+    time_limit: float | None = None
+    progress: bool = True  # tqdm progress bar on rank 0
+
+    resume: bool = False  # continue RUN_DIR from its newest complete checkpoint
+    overwrite: bool = False  # start over in an existing RUN_DIR (removes the previous run's files)
+
+    def validate(self) -> None:
+        """Raise ValueError naming every bad value and the fix."""
+        problems = []
+        positive = ("batch_size", "grad_accum", "log_every", "eval_batches", "save_every", "keep",
+                    "max_bad_steps")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_steps", "eval_every", "warmup_steps"):
+            value = getattr(self, name)
+            low = 0 if name == "warmup_steps" else 1
+            if value is not None and (not isinstance(value, int) or value < low):
+                problems.append(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.max_steps is not None and self.epochs is not None:
+            problems.append("give either max_steps or epochs, not both")
+        if self.epochs is not None and not self.epochs > 0:
+            problems.append(f"epochs must be > 0, got {self.epochs!r}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr!r}")
+        if not 0 < self.mlm_probability < 1:
+            problems.append(f"mlm_probability must be in (0, 1), got {self.mlm_probability!r}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.schedule not in optim.SCHEDULES:
+            problems.append(f"schedule must be one of {', '.join(optim.SCHEDULES)}, got {self.schedule!r}")
+        if self.num_workers is not None and self.num_workers < 0:
+            problems.append(f"num_workers must be >= 0, got {self.num_workers!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            problems.append(f"time_limit must be > 0 seconds, got {self.time_limit!r}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            problems.append(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.resume and self.overwrite:
+            problems.append("resume and overwrite exclude each other; pass one")
+        try:  # a typo such as hiden_dropout_prob fails here, before the data are read
+            check_override_keys(self.model_overrides)
+        except ValueError as err:
+            problems.append(f"model_overrides (--model-arg): {err}")
+        if problems:
+            raise ValueError("invalid pre-training settings: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "PretrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown pre-training setting(s): {', '.join(unknown)}")
+        return cls(**values)
