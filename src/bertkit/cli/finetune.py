@@ -189,6 +189,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-column", help="classify: text column (as fine-tuned); qa rows: question (question)")
     p.add_argument("--pair-column", help="pair: second text column (as fine-tuned); qa rows: context (context)")
     p.add_argument("--tokens-key", help="ner JSONL: the key of the word list (as fine-tuned)")
+    p.add_argument("--null-score-diff-threshold", type=float,
+                   help="qa, SQuAD 2.0 models: answer '' when the [CLS] score beats the best span's by "
+                   "more than this (as fine-tuned: 0.0)")
     add_engine_arguments(p, explain_precision=True, device="auto")
     p.add_argument("--no-progress", action="store_false", dest="progress")
     p.add_argument("--resume", action="store_true", help="continue a killed run")

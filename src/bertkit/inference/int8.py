@@ -65,8 +65,9 @@ class _Kernels:
 
     Eager, quantize and dequantize are 4–6 passes over their tensor each; on 2 CPU threads they
     cost more than the int8 matmul itself, fused a fraction of it (docs/benchmarks.md has the
-    timings). The compiled functions compute the same values (checked in the tests). Compilation happens once per process on first use (seconds; cached on
-    disk by inductor); BERTKIT_INT8_EAGER=1, or a failed compilation, keeps the eager functions.
+    timings). The compiled functions compute the same values (checked in the tests). Compilation
+    happens once per process on first use (seconds; cached on disk by inductor);
+    BERTKIT_INT8_EAGER=1, or a failed compilation, keeps the eager functions.
     """
 
     def __init__(self) -> None:

@@ -98,7 +98,8 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
 def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, out_path: str | os.PathLike,
                  *, task: str | None = None, max_length: int | None = None, doc_stride: int | None = None,
                  text_column: str | None = None, pair_column: str | None = None,
-                 tokens_key: str | None = None, batch_size: int | None = None, device: str = "auto",
+                 tokens_key: str | None = None, null_score_diff_threshold: float | None = None,
+                 batch_size: int | None = None, device: str = "auto",
                  precision: str = "fp32", overwrite: bool = False, resume: bool = False,
                  progress: bool = True) -> dict[str, Any]:
     """Run a fine-tuned directory over `input_path` into `out_path` (JSON Lines), by its head.
@@ -107,7 +108,8 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
       config.json's `architectures` names. Each setting left None comes from finetune_config.json
       (then the use's default): max_length (pieces per window), doc_stride (pieces between window
       starts), text_column / pair_column (classify: the columns; qa rows: question / context),
-      tokens_key (ner JSON Lines: the list of words).
+      tokens_key (ner JSON Lines: the list of words), null_score_diff_threshold (qa, SQuAD 2.0
+      models: how far the [CLS] score must beat the best span's to answer "").
     batch_size: windows per batch, as fine-tuning's evaluation counts them: the engine's token
       budget becomes batch_size × max_length (default: the engine's own, 8,192 tokens).
     Inputs and outputs (one JSON object per usable input row, with its source `line`):
@@ -143,6 +145,8 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
             raise ValueError(f"batch size must be positive, got {batch_size}")
         options["max_batch_tokens"] = batch_size * (max_length or config.max_sequence_length)
     columns = {"text_column": text_column, "pair_column": pair_column, "tokens_key": tokens_key}
+    if null_score_diff_threshold is not None:
+        saved = {**saved, "null_score_diff_threshold": null_score_diff_threshold}
     fmt, reading, use_options = _predict_reading(task, Path(input_path), columns, value(doc_stride, "doc_stride"),
                                                  saved)
     engine = Engine.load(directory, use=use, device=device, precision=precision, **options)
@@ -177,7 +181,8 @@ def _predict_reading(task: str, path: Path, columns: dict[str, str | None], stri
         return "conll", {}, {"stride": stride}
     qa_options = {"doc_stride": stride or 128, "max_answer_length": saved.get("max_answer_length", 30),
                   "max_question_length": saved.get("max_query_length", 64),
-                  "allow_no_answer": bool(saved.get("version_2_with_negative"))}
+                  "allow_no_answer": bool(saved.get("version_2_with_negative")),
+                  "null_score_diff_threshold": saved.get("null_score_diff_threshold", 0.0)}
     if suffix == ".json":
         return "squad", {}, qa_options
     # QA rows: fine-tuning read SQuAD files, so its column settings are not these.

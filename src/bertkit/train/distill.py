@@ -48,7 +48,7 @@ from bertkit.checkpoint import load_into, read_state_dict
 from bertkit.config import BertConfig
 from bertkit.data.report import IGNORE_INDEX
 from bertkit.data.tasks.common import pad_batch
-from bertkit.fileio import atomic_write_json, check_writable_output
+from bertkit.fileio import atomic_write_json
 from bertkit.heads import task_class
 from bertkit.model import BertForMaskedLM
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
@@ -391,34 +391,11 @@ def _load_teacher(config: DistillConfig) -> nn.Module:
     return teacher
 
 
-def _check_out(config: DistillConfig) -> Path:
-    out = check_writable_output(config.out_dir, overwrite=None, kind="dir")
-    existing = [name for name in RUN_OUTPUTS if (out / name).exists()]
-    if existing and not (config.overwrite or config.resume):
-        raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out, "
-                              "pass --resume to continue it or --overwrite to replace it")
-    return out
-
-
-def _resume_point(config: DistillConfig, out: Path) -> Path | None:
-    if not config.resume:
-        return None
-    checkpoint = state.latest_checkpoint(out)
-    if checkpoint is None:
-        log.info("no training state in %s yet; starting from step 0", out)
-        return None
-    saved_path = out / CONFIG_FILE
-    state.check_same_settings(out, state.saved_settings(saved_path), config.to_dict(), saved_path,
-                              set(RESUMABLE_CHANGES), "Resume with the original settings, or start "
-                              "over with --overwrite")
-    return checkpoint
-
-
 def distill(config: DistillConfig) -> dict[str, Any]:
     """Run one distillation (see the module docstring); returns summary.json's content."""
     from tqdm.auto import tqdm
 
-    out = _check_out(config)
+    out = state.check_run_outputs(config.out_dir, RUN_OUTPUTS, overwrite=config.overwrite, resume=config.resume)
     teacher = _load_teacher(config)
     layers = config.layers or spread_layers(teacher.config.num_hidden_layers, config.student_layers)
     torch.manual_seed(config.seed)
@@ -460,7 +437,8 @@ def distill(config: DistillConfig) -> dict[str, Any]:
     step, seconds, records = 0, 0.0, []
     window = {"loss": 0.0, "ce": 0.0, "hard": 0.0, "cos": 0.0, "n": 0}
 
-    resume_from = _resume_point(config, out)
+    resume_from = (state.resume_checkpoint(out, config.to_dict(), out / CONFIG_FILE, RESUMABLE_CHANGES)
+                   if config.resume else None)
     if resume_from is not None:
         saved = state.load_trainer_state(resume_from)
         if saved.get("data_digest") != data.digest:

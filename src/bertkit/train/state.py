@@ -17,6 +17,7 @@ Python values, so it loads with `torch.load(weights_only=True)` and can never ru
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -29,7 +30,9 @@ import torch
 from torch import nn
 
 from bertkit.data.report import json_lines, read_text
-from bertkit.fileio import atomic_path, atomic_write_text
+from bertkit.fileio import atomic_path, atomic_write_text, check_writable_output
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
@@ -256,6 +259,32 @@ def check_same_settings(out: str | os.PathLike, saved: dict[str, Any], current: 
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in changed)
         raise ValueError(f"cannot resume {out} with different settings ({details}; saved in {source}). {fix}")
+
+
+def resume_checkpoint(out: str | os.PathLike, settings: dict[str, Any], settings_file: Path,
+                      may_differ: set[str] | frozenset[str]) -> Path | None:
+    """The newest training state of a run directory to continue from, once `settings` are found
+    to be the ones the run wrote to `settings_file` (but `may_differ`); None when the run saved
+    none yet (it then starts from step 0)."""
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is None:
+        logger.info("no training state in %s yet; starting from step 0", out)
+        return None
+    check_same_settings(out, saved_settings(settings_file), settings, settings_file, may_differ,
+                        "Resume with the original settings, or start over with --overwrite")
+    return checkpoint
+
+
+def check_run_outputs(out_dir: str | os.PathLike, outputs: tuple[str, ...], *, overwrite: bool,
+                      resume: bool) -> Path:
+    """OUT may be new or hold no run's files; a previous run's are continued only with `resume`
+    and replaced only with `overwrite`. Checked before any work, so a bad --out fails at once."""
+    out = check_writable_output(out_dir, overwrite=None, kind="dir")
+    existing = [name for name in outputs if (out / name).exists()]
+    if existing and not (overwrite or resume):
+        raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out, "
+                              "pass --resume to continue it or --overwrite to replace it")
+    return out
 
 
 def saved_settings(path: Path) -> dict[str, Any]:

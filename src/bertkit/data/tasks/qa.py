@@ -258,13 +258,23 @@ def _answer_pieces(example: QAExample, offsets: Sequence[tuple[int, int]]) -> tu
 class QAPrediction:
     """The answer to one question: `text` ("" = no answer), `score` (start + end logit of the
     best span), `null_score_diff` (null score − best span score; v2.0 only, else None), and the
-    n-best list of {text, score, probability} (softmax over the n-best scores)."""
+    n-best list of {text, start, end, score, probability}, best first: character offsets into the
+    context ("" at 0, 0), start + end logit, and the softmax of those over the list (the original
+    BERT code's nbest probabilities).
+
+    `answers(top_k)` is what `bertkit qa` returns: the chosen answer first, then the rest of the
+    n-best list by score, each {text, start, end, score = its probability}."""
 
     id: str
     text: str
     score: float
     null_score_diff: float | None
     nbest: list[dict[str, Any]]
+
+    def answers(self, top_k: int = 1) -> list[dict[str, Any]]:
+        ordered = sorted(self.nbest, key=lambda c: (c["text"] != self.text, -c["score"]))
+        return [{"text": c["text"], "start": c["start"], "end": c["end"], "score": c["probability"]}
+                for c in ordered[:top_k]]
 
 
 def decode_answers(start_logits: Sequence[torch.Tensor], end_logits: Sequence[torch.Tensor],
@@ -334,16 +344,17 @@ def _choose(example: QAExample, candidates: list[tuple[float, int, int]], null_s
     seen = set()
     for score, s, e in candidates:
         s, e = snap_to_words(s, e, words)
-        text = example.context[offsets[s][0]:offsets[e][1]]
+        start, end = offsets[s][0], offsets[e][1]
+        text = example.context[start:end]
         if text in seen:
             continue
         seen.add(text)
-        nbest.append({"text": text, "score": score})
+        nbest.append({"text": text, "start": start, "end": end, "score": score})
         if len(nbest) == settings.n_best:
             break
     best = nbest[0] if nbest else None
     if allow_null and math.isfinite(null_score) and "" not in seen:
-        nbest.append({"text": "", "score": null_score})
+        nbest.append({"text": "", "start": 0, "end": 0, "score": null_score})
         nbest.sort(key=lambda c: -c["score"])
     if nbest:
         probs = torch.tensor([c["score"] for c in nbest]).softmax(0).tolist()

@@ -39,7 +39,6 @@ from bertkit.train.finetune.setup import (
     METRICS_FILE,
     STEPS_FILE,
     build_model,
-    check_out_dir,
     default_lr,
     device_for,
     load_best,
@@ -76,7 +75,8 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
     """Run one fine-tuning (see the module docstring); returns eval.json's content."""
     if FINETUNE_TASKS[config.task].retrieval:
         return retrieval.run(retrieval.from_finetune_config(config))
-    out = check_out_dir(config, RUN_OUTPUTS)  # fail before any work; create it only once the inputs are good
+    # Fail before any work; create OUT only once the inputs are good.
+    out = train_state.check_run_outputs(config.out_dir, RUN_OUTPUTS, overwrite=config.overwrite, resume=config.resume)
     tokenizer = load_tokenizer(config)
     task = TASK_CLASSES[config.task](config, tokenizer)
 
@@ -172,20 +172,12 @@ def resume_point(config: FinetuneConfig, out: Path) -> Path | None:
     """The training state to continue from (with `resume`), after checking the settings match."""
     if not config.resume:
         return None
-    checkpoint = train_state.latest_checkpoint(out)
-    if checkpoint is None:
-        eval_file = out / EVAL_FILE
-        finished = eval_file.is_file() and json.loads(eval_file.read_text(encoding="utf-8")).get("status") == "done"
-        if finished:
+    eval_file = out / EVAL_FILE
+    if train_state.latest_checkpoint(out) is None and eval_file.is_file():
+        if json.loads(eval_file.read_text(encoding="utf-8")).get("status") == "done":
             raise ValueError(f"{out} holds a finished run (eval.json status done); nothing to resume. "
                              "Pass --overwrite to train it again, or choose another --out")
-        log.info("no training state in %s yet; starting from step 0", out)
-        return None
-    saved_path = out / CONFIG_FILE
-    train_state.check_same_settings(out, train_state.saved_settings(saved_path), config.to_dict(), saved_path,
-                                    set(RESUMABLE_CHANGES), "Resume with the original settings, or "
-                                    "start over with --overwrite")
-    return checkpoint
+    return train_state.resume_checkpoint(out, config.to_dict(), out / CONFIG_FILE, RESUMABLE_CHANGES)
 
 
 def features_digest(features: Sequence[dict]) -> str:

@@ -13,7 +13,7 @@ from torch import nn
 from bertkit import distributed
 from bertkit.checkpoint import load_into, read_state_dict, to_hf_state_dict
 from bertkit.config import PRESETS, BertConfig
-from bertkit.fileio import check_writable_output, missing_model_dir
+from bertkit.fileio import missing_model_dir
 from bertkit.heads import task_class
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import lora
@@ -96,16 +96,6 @@ def device_for(name: str) -> torch.device:
     if info.world_size > 1:
         raise ValueError("fine-tuning runs in a single process; start it without torchrun")
     return info.device
-
-
-def check_out_dir(config: FinetuneConfig, outputs: tuple[str, ...]) -> Path:
-    """OUT_DIR may be new or empty; a previous run's files are replaced only with `overwrite`."""
-    out = check_writable_output(config.out_dir, overwrite=None, kind="dir")
-    existing = [name for name in outputs if (out / name).exists()]
-    if existing and not (config.overwrite or config.resume):
-        raise FileExistsError(f"{out} already holds {', '.join(existing)}; choose another --out or "
-                              "pass --overwrite to replace them")
-    return out
 
 
 def start_out_dir(out: Path) -> None:

@@ -278,7 +278,7 @@ class QATask(_EngineTask):
         with self.engine(model) as engine:
             found = answer_examples(engine, examples, self.settings,
                                     allow_no_answer=bool(self.settings.version_2_with_negative))
-        return {example.id: answers[0]["text"] for example, answers in zip(examples, found)}
+        return {prediction.id: prediction.text for prediction in found}
 
     def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
         predictions = self.answers(model, examples)
