@@ -358,6 +358,14 @@ def test_cli_uses_print_results(tokenizer, tmp_path, capsys):
     assert main(["qa", str(qa_dir), "--question", "when?", "--context", "released in 2026.", "--json"]) == 0
     (answer,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert answer["answers"][0]["text"] in "released in 2026."
+    paragraph = "it was released in 2026 after years of work on the engine and its tests. " * 5
+    assert main(["qa", str(qa_dir), "--question", "when?", "--context", paragraph, "--json"]) == 0  # not a path
+    (answer,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert answer["answers"][0]["text"] in paragraph
+    (tmp_path / "context.txt").write_text("released in 2026.\n")
+    assert main(["qa", str(qa_dir), "--question", "when?", "--context", str(tmp_path / "context.txt"), "--json"]) == 0
+    (answer,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert answer["answers"][0]["text"] in "released in 2026."
     assert main(["embed", str(mlm)]) == 2
     assert "needs texts or --input" in capsys.readouterr().err
 

@@ -217,11 +217,7 @@ def _run_qa(args: argparse.Namespace) -> None:
     engine = _use_engine(args, "qa", pair_field=args.pair_field, **options)
     if engine is None:
         return
-    context = args.context
-    if Path(context).is_file():
-        from bertkit.data.report import read_text
-
-        context = read_text(context)
+    context = _context_text(args.context)
     results = qa(engine, args.question, context, **options)
     if args.json:
         return print_json({"question": q, "answers": a} for q, a in zip(args.question, results))
@@ -229,6 +225,20 @@ def _run_qa(args: argparse.Namespace) -> None:
         print(question)
         for a in answers:
             print(f"  {a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]")
+
+
+def _context_text(value: str) -> str:
+    """--context names a file or is the text itself; a paragraph too long to be a path name (the
+    OS refuses it: "File name too long") is the text."""
+    try:
+        is_file = Path(value).is_file()
+    except OSError:
+        return value
+    if not is_file:
+        return value
+    from bertkit.data.report import read_text
+
+    return read_text(value)
 
 
 def _add_rerank(sub: argparse._SubParsersAction) -> None:

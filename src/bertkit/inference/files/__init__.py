@@ -10,12 +10,12 @@ Nothing here knows about models; `inference.jobs` gives each use of a model its 
 
 from bertkit.inference.files.job import DEFAULT_CHUNK_SIZE, KINDS, run_file
 from bertkit.inference.files.records import (
-                                             DEFAULT_MAX_CHARS,
-                                             FORMATS,
-                                             Record,
-                                             RecordReport,
-                                             read_records,
-                                             record_format,
+    DEFAULT_MAX_CHARS,
+    FORMATS,
+    Record,
+    RecordReport,
+    read_records,
+    record_format,
 )
 from bertkit.inference.files.state import OutputFiles, input_fingerprint
 

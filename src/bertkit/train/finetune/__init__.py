@@ -18,7 +18,7 @@ same predictions, plus:
   metrics.jsonl          one line per epoch: train loss, learning rate, eval metrics
   steps.jsonl            one line per optimizer step: epoch, loss, learning rate
   eval.json              the best epoch's eval metrics, test metrics of the best model, data
-                         reports; on a crash, the error and what had been saved
+    reports; on a crash, the error and what had been saved
 
 `model` is a model directory or a preset name (tiny … large) for a randomly initialised encoder of
 that size, whose tokenizer then comes from `tokenizer`. Data come from files (see
@@ -37,12 +37,12 @@ score is measured on what `bertkit classify|ner|qa` and `bertkit predict`
 
 from bertkit.train.finetune.config import TASKS, FinetuneConfig
 from bertkit.train.finetune.loop import (
-                                         CONFIG_FILE,
-                                         RUN_OUTPUTS,
-                                         features_digest,
-                                         finetune,
-                                         run_finetune,
-                                         shuffled_batches,
+    CONFIG_FILE,
+    RUN_OUTPUTS,
+    features_digest,
+    finetune,
+    run_finetune,
+    shuffled_batches,
 )
 from bertkit.train.finetune.setup import EVAL_FILE, METRICS_FILE, STEPS_FILE, build_model, default_lr, device_for
 from bertkit.train.finetune.task import TASK_CLASSES, ClassifyTask, NerTask, QATask, Task

@@ -9,12 +9,12 @@
 
 from bertkit.train.pretrain.batches import RunBatches, data_digest, loader_workers, make_loader
 from bertkit.train.pretrain.config import (
-                                           CONFIG_FILE,
-                                           RESUMABLE_CHANGES,
-                                           RUN_OUTPUTS,
-                                           SUMMARY_FILE,
-                                           PretrainConfig,
-                                           TrainingDiverged,
+    CONFIG_FILE,
+    RESUMABLE_CHANGES,
+    RUN_OUTPUTS,
+    SUMMARY_FILE,
+    PretrainConfig,
+    TrainingDiverged,
 )
 from bertkit.train.pretrain.trainer import Interrupted, Trainer, check_resume_config, prepare_run_dir, pretrain
 
