@@ -67,7 +67,7 @@ class Encoding:
 
 
 class BertTokenizer:
-    """A BERT WordPiece tokenizer: `from_pretrained`, `from_vocab` or `train_tokenizer` make one.
+    """A BERT WordPiece tokenizer: `from_pretrained`, `from_vocab` or `data.vocab.train_tokenizer` make one.
 
     Attributes: backend (the `tokenizers.Tokenizer`), vocab_size, the ids of the five special
     tokens, special_ids (those ids plus any other added special token), do_lower_case, strip_accents,

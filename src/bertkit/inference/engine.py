@@ -1,13 +1,14 @@
 """The inference engine: one batched, padding-free forward under every use of a model.
 
-Every use (`embed`, `fill_mask`, `classify`, `ner`, `qa`, `rerank`, the HTTP service) hands the
-engine token sequences and a small `head` function, and the engine does the rest the same way:
+Every use (`embed`, `fill_mask`, `classify`, `ner`, `qa`, `rerank`; through them `bertkit predict`,
+fine-tuning's evaluation, the HTTP service and the explorer) hands the engine token sequences and a
+small `head` function, and the engine does the rest the same way:
 
 - tokenization once per text, batched in Rust (`tokenizers`), texts over the model's limit
   truncated with a warning that counts them, or refused (`truncate=False`);
 - token-budget batches: sequences sorted by length (longest first) fill each batch up to
   `max_batch_tokens` real tokens; results come back in input order;
-- no compute on padding anywhere: sequences are packed end to end (`model.Packed`), every dense
+- no compute on padding anywhere: sequences are packed end to end (`packing.Packed`), every dense
   layer sees only real tokens and attention runs per run of equal-length neighbours (CPU) or as
   one variable-length flash call (CUDA, 16-bit);
 - `torch.inference_mode`, a precision (fp32, bf16, dynamic int8, or `auto`, decided by
