@@ -98,3 +98,16 @@ def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
     if check and result.returncode != 0:
         raise AssertionError(f"bertkit {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
+
+
+def tiny_pretrained(out, minilm_dir):
+    """A tiny randomly initialised pre-training checkpoint with the MiniLM tokenizer, in `out`
+    (fine-tuning's starting point in the tests)."""
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForPreTraining
+    from bertkit.tokenizer import BertTokenizer
+
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522)).save_pretrained(out)
+    BertTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return out

@@ -28,7 +28,13 @@ from bertkit import cli
 from pretrain_fixtures import TINY_MODEL, make_data
 
 CASES = ("unwritable_output", "output_under_file", "existing_output", "non_utf8_input",
-         "binary_input", "missing_input", "dir_for_file", "wrong_model_kind", "truncated_weights")
+         "binary_input", "missing_input", "dir_for_file", "dir_for_input", "file_for_model",
+         "out_suffix", "wrong_model_kind", "truncated_weights")
+# What the error line must say, beyond naming the bad value, where a vaguer message once misled:
+# a file given as the model ("utf-8 codec can't decode", "no '[CLS]' token"), a directory given as
+# the input ("does not exist", "suffix ''"), a .csv output silently filled with JSON Lines.
+SAYS = {"file_for_model": "is a file, not a model directory", "dir_for_input": "is a directory",
+        "out_suffix": ".jsonl"}
 
 
 @dataclass
@@ -129,6 +135,11 @@ SPECIAL_CASES: dict[tuple[str, str], str] = {
     ("prepare", "dir_for_file"): "a directory is a valid corpus source",
     ("quickstart", "missing_input"): "its corpus is built in",
     ("datasets", "missing_input"): "its data are built in",
+    ("info", "file_for_model"): "a config.json file is a valid model description there",
+    ("prepare", "file_for_model"): "a tokenizer may be one vocab.txt or tokenizer.json file",
+    ("mask-demo", "file_for_model"): "a tokenizer may be one vocab.txt or tokenizer.json file",
+    ("plot", "dir_for_input"): "its input is a run directory",
+    ("plot", "out_suffix"): "it writes a picture, named as the user likes",
 }
 
 
@@ -162,6 +173,13 @@ def not_applicable(command: str, spec: Spec) -> dict[str, str]:
         skip["missing_input"] = "reads no input at all"
     if spec.input_suffix is None and spec.out != "file":
         skip["dir_for_file"] = "has no file argument"
+    if spec.out != "file" or spec.input_suffix is None:
+        skip["dir_for_input"] = "a directory as its input is the dir_for_file case" if spec.input_suffix \
+            else "reads no input file"
+    if spec.model_default is None:
+        skip["file_for_model"] = "takes no model directory"
+    if spec.out != "file" or spec.input_suffix is None:
+        skip["out_suffix"] = "writes no results file"
     skip.update({case: why for (name, case), why in SPECIAL_CASES.items() if name == command})
     return skip
 
@@ -311,12 +329,19 @@ def build_argv(spec: Spec, case: str, assets: dict[str, Path], tmp: Path) -> tup
             named = values["OUT"]
         else:
             values["INPUT"] = named = str(bad_input(case, tmp, spec.input_suffix))
+    elif case == "dir_for_input":
+        values["INPUT"] = named = str(bad_input("dir_for_file", tmp, spec.input_suffix))
+    elif case == "file_for_model":
+        values["MODEL"] = named = str(Path(values["MODEL"]) / "config.json")
+    elif case == "out_suffix":
+        values["OUT"] = named = str(tmp / "results.csv")
     elif case == "wrong_model_kind":
         values["MODEL"] = named = values[spec.wrong_model]
     elif case == "truncated_weights":
         values["MODEL"] = str(truncated_copy(Path(values["MODEL"]), tmp))
         named = "model.safetensors"
-    template = spec.argv + (spec.model_args if case in ("wrong_model_kind", "truncated_weights") else [])
+    model_cases = ("wrong_model_kind", "truncated_weights", "file_for_model")
+    template = spec.argv + (spec.model_args if case in model_cases else [])
     argv = [arg.format(**values) if "{" in arg else arg for arg in template]
     return argv, named
 
@@ -372,6 +397,7 @@ def test_contract(command, case, assets, tmp_path, capsys, monkeypatch):
     # Lines before the error may only be the data readers' reports of the bad rows they skipped.
     assert all(line.endswith("skipped)") for line in lines[:-1]), err
     assert named in errors[0], f"the message does not name {named!r}: {errors[0]}"
+    assert SAYS.get(case, "") in errors[0], f"the message does not say {SAYS[case]!r}: {errors[0]}"
     after = snapshot(tmp_path, assets["PT"].parent)
     assert after == before, f"files changed: {sorted(set(after.items()) ^ set(before.items()))[:5]}"
 

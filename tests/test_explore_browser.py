@@ -262,8 +262,8 @@ def check_masking(root, data):
     for row, expected in zip(rows, data["predictions"]):
         top = all_of(row, "masking-top")
         assert [t.get_attribute("data-token") for t in top] == [c["token"] for c in expected["top"]]
-        assert [float(t.get_attribute("data-prob")) for t in top] == [c["prob"] for c in expected["top"]]
-        assert [t.find_element(By.CLASS_NAME, "num").text for t in top] == [prob(c["prob"]) for c in expected["top"]]
+        assert [float(t.get_attribute("data-score")) for t in top] == [c["score"] for c in expected["top"]]
+        assert [t.find_element(By.CLASS_NAME, "num").text for t in top] == [prob(c["score"]) for c in expected["top"]]
         shown = row.find_element(By.CSS_SELECTOR, '[data-testid="masking-prob-true"]').text
         assert shown == prob(expected["prob_true"])
     assert root.find_element(By.CSS_SELECTOR, '[data-testid="masking-loss"]').text == f"{data['loss']:.4f}"
@@ -298,10 +298,10 @@ def check_fill_mask(root, texts, dirs):
         rows = all_of(column, "fillmask-row")
         (candidates,) = masks
         assert [r.get_attribute("data-token") for r in rows] == [c.token for c in candidates]
-        shown = [float(r.get_attribute("data-prob")) for r in rows]
-        assert shown == pytest.approx([c.prob for c in candidates], abs=1e-6)
-        assert [r.find_element(By.CSS_SELECTOR, '[data-testid="fillmask-prob"]').text for r in rows] == \
-            [prob(c.prob) for c in candidates]
+        shown = [float(r.get_attribute("data-score")) for r in rows]
+        assert shown == pytest.approx([c.score for c in candidates], abs=1e-6)
+        assert [r.find_element(By.CSS_SELECTOR, '[data-testid="fillmask-score"]').text for r in rows] == \
+            [prob(c.score) for c in candidates]
 
 
 def test_fill_mask_equals_the_library(page, dirs, shots):

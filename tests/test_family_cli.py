@@ -51,7 +51,7 @@ def test_fill_mask_equals_transformers(family, checkpoints):
     probs = logits[position].softmax(-1)
     top = probs.topk(5)
     assert [c.token_id for c in ours] == top.indices.tolist()
-    assert max(abs(c.prob - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
+    assert max(abs(c.score - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
 
 
 @pytest.mark.parametrize("family", FAMILIES)

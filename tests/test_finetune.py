@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertkit.config import BertConfig
 from bertkit.inference.jobs import predict_file
 from bertkit.metrics import squad_scores
-from bertkit.model import BertForPreTraining
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import finetune as ft
+
+from pretrain_fixtures import tiny_pretrained
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -40,11 +40,7 @@ FAST = dict(lr=2e-3, batch_size=16, max_length=32, progress=False, warmup_ratio=
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory, minilm_dir):
     """A tiny randomly initialised pre-training checkpoint with the MiniLM tokenizer."""
-    out = tmp_path_factory.mktemp("base")
-    torch.manual_seed(0)
-    BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522)).save_pretrained(out)
-    BertTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
-    return out
+    return tiny_pretrained(tmp_path_factory.mktemp("base"), minilm_dir)
 
 
 POS, NEG = ["great", "good", "excellent", "nice"], ["bad", "awful", "terrible", "poor"]

@@ -155,20 +155,20 @@ def test_fill_mask_matches_reference_probabilities(tokenizer, tmp_path):
         for pos, cands in zip(positions, masks):
             top = probs[pos].topk(3)
             assert [c.token_id for c in cands] == top.indices.tolist()
-            assert max(abs(c.prob - p) for c, p in zip(cands, top.values.tolist())) <= 1e-5
+            assert max(abs(c.score - p) for c, p in zip(cands, top.values.tolist())) <= 1e-5
 
 
 def test_fill_mask_targets_score_only_the_given_words(tokenizer, tmp_path):
     save_tiny(BertForMaskedLM, tokenizer, tmp_path)
     text = "paris is the [MASK] of france."
     full = fill_mask(tmp_path, [text], top_k=tokenizer.vocab_size)[0][0]
-    by_token = {c.token: c.prob for c in full}
+    by_token = {c.token: c.score for c in full}
     targets = ["capital", "city", "heart"]
     scored = fill_mask(tmp_path, [text], top_k=5, targets=targets)[0][0]
     assert sorted(c.token for c in scored) == sorted(targets)
-    assert [c.prob for c in scored] == sorted((c.prob for c in scored), reverse=True)
+    assert [c.score for c in scored] == sorted((c.score for c in scored), reverse=True)
     for c in scored:
-        assert abs(c.prob - by_token[c.token]) <= 1e-6  # probability under the full softmax
+        assert abs(c.score - by_token[c.token]) <= 1e-6  # probability under the full softmax
 
 
 def test_fill_mask_errors(minilm_dir, tokenizer, tmp_path):

@@ -143,7 +143,7 @@ def test_the_four_formats_give_the_same_records(tmp_path):
     # fmt overrides the suffix; an unknown suffix names the formats.
     (tmp_path / "data.dat").write_text("one\ntwo\n", encoding="utf-8")
     assert [r.text for r in read_records(tmp_path / "data.dat", fmt="txt")] == ["one", "two"]
-    with pytest.raises(ValueError, match=r"suffix '\.dat'.*--format txt\|jsonl\|csv\|tsv"):
+    with pytest.raises(ValueError, match=r"suffix '\.dat'.*--input-format txt\|jsonl\|csv\|tsv"):
         read_records(tmp_path / "data.dat")
     with pytest.raises(ValueError, match="no column 'body' in the header.*--text-field"):
         read_records(tmp_path / "in.csv", text_field="body")

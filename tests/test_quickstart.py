@@ -65,8 +65,21 @@ def test_report_shows_baseline_fill_mask_and_next_steps(demo):
         probs = [float(p) for p in re.findall(r" (\d\.\d\d)(?=\s|$)", line)]
         assert len(probs) == 5 and probs == sorted(probs, reverse=True), line
     assert report.count("[MASK]") >= 9
-    assert f"bertkit finetune --task ner --model {out / 'model'} --dataset zh-ner" in report
+    ner_run = f"--task ner --model {out / 'model'} --dataset zh-ner --out {out.parent / 'zh-ner'}"
+    assert f"bertkit finetune {ner_run}" in report
     assert f"bertkit explore {out / 'model'}" in report  # not the default dir, so it is named
+    # Every path in the next lines is of one kind: absolute, as --out was given here.
+    paths = re.findall(r"(?:--model|--out|--data|--init|plot|fill-mask) (\S+)", report.split("next:")[1])
+    assert paths and all(p.startswith("/") for p in paths), paths
+    # The warning for a run too short to learn appears exactly when the model did not beat the baseline.
+    short = result["heldout_mlm_accuracy"] <= result["unigram_baseline_accuracy"]
+    assert ("too few steps to learn" in report) == short, report
+
+
+def test_too_few_steps_note_names_the_fix():
+    assert qs.too_few_steps(30, 0.05, 0.06, asked=30).startswith("warning: after 30 steps the model does not")
+    assert "--steps" in qs.too_few_steps(30, 0.06, 0.06, asked=None)
+    assert qs.too_few_steps(3000, 0.31, 0.06, asked=None) is None
 
 
 def test_heldout_examples_mask_a_real_character(demo):

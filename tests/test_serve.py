@@ -189,7 +189,7 @@ def test_fill_mask_ner_qa_equal_the_library(client, models):
     for g_text, w_text in zip(got, want):
         for g, w in zip(g_text, w_text):
             assert [c["token"] for c in g] == [c.token for c in w]
-            assert max(abs(c["score"] - d.prob) for c, d in zip(g, w)) <= 1e-6
+            assert max(abs(c["score"] - d.score) for c, d in zip(g, w)) <= 1e-6
     single = client.post("/fill-mask", json={"inputs": texts[0], "model": "mlm", "top_k": 3}).json()
     assert [c["token"] for c in single[0]] == [c["token"] for c in got[0][0]]
     text = "John Smith lives in Paris."
@@ -374,7 +374,7 @@ def test_cli_binds_loopback_by_default_and_sigterm_finishes_in_flight(model_dirs
 
 def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
     assert cli.main(["serve", str(tmp_path / "missing")]) == 2
-    assert "missing does not exist" in capsys.readouterr().err
+    assert "missing is not a local directory (it does not exist)" in capsys.readouterr().err
     assert cli.main(["serve", f"minilm={model_dirs['minilm']}", f"minilm={model_dirs['mlm']}"]) == 2
     assert "two models are named 'minilm'" in capsys.readouterr().err
     busy = socket.socket()
@@ -390,7 +390,7 @@ def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
 
 
 def test_listening_socket_is_tcp_so_answers_are_sent_without_nagle_delay():
-    from bertkit.serve.app import listen
+    from bertkit.web import listen
 
     sock = listen("127.0.0.1", 0)
     try:  # asyncio sets TCP_NODELAY on accepted sockets only when proto says TCP

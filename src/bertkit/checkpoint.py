@@ -50,7 +50,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from bertkit.config import CLASS_PREFIXES, BertConfig
-from bertkit.fileio import atomic_path, missing_model_dir
+from bertkit.fileio import atomic_path, missing_model_dir, model_directory
 
 logger = logging.getLogger(__name__)
 
@@ -395,9 +395,7 @@ class PretrainedMixin:
         Weights the checkpoint lacks (a new task head, a missing pooler) are initialised as for a
         new model and listed in `model.load_report`.
         """
-        model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise FileNotFoundError(missing_model_dir(model_dir))
+        model_dir = model_directory(model_dir)
         config = BertConfig.from_json(model_dir / "config.json")
         if config_overrides:
             config = config.replace(**config_overrides)

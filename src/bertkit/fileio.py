@@ -121,6 +121,28 @@ def missing_model_dir(spec: str | os.PathLike, what: str = "model directory") ->
             "pass a local model directory (e.g. one saved by transformers' save_pretrained)")
 
 
+def model_directory(spec: str | os.PathLike, what: str = "model") -> Path:
+    """`spec` as the Path of a model directory (one holding config.json), or an error that says
+    what it is instead and what to pass.
+
+    what: how the caller names the location in messages ("--model", "--teacher", ...).
+    Raises FileNotFoundError for a path that is not there (`missing_model_dir`) or a directory
+    without config.json, NotADirectoryError for a file (its folder named when that is a model
+    directory, as for a config.json or a weights file passed by mistake).
+    """
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(missing_model_dir(spec, what))
+    if not path.is_dir():
+        hint = (f"; pass its folder {path.parent}" if (path.parent / "config.json").is_file() else
+                "; pass the directory that holds config.json, the weights and the vocabulary")
+        raise NotADirectoryError(f"{what} {spec} is a file, not a model directory{hint}")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{what} {spec} is not a model directory (it has no config.json); pass "
+                                "a directory saved by bertkit or by transformers' save_pretrained")
+    return path
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -237,6 +237,17 @@ def heldout_accuracy(model, data, train_data, *, seed: int, precision: str,
             "baseline_token": guess, "positions": sums["positions"], "masks": sums["masks"]}
 
 
+def too_few_steps(steps: int, accuracy: float, baseline: float, asked: int | None) -> str | None:
+    """The warning for a run that learned nothing measurable: held-out MLM accuracy not above
+    always answering the most frequent token. None when the model beat that baseline."""
+    if accuracy > baseline:
+        return None
+    fix = ("run it again without --steps (the demo then sizes the run to this machine) or with more"
+           if asked is not None else "this machine fitted too few into the demo's time; pass a larger --steps")
+    return (f"warning: after {steps} steps the model does not beat the unigram baseline ({accuracy:.3f} "
+            f"vs {baseline:.3f}): too few steps to learn, so the fill-mask answers below are noise; {fix}")
+
+
 def heldout_examples(data, tokenizer, lang: Language, *, n: int, seed: int,
                      window: int = 24) -> list[tuple[str, str]]:
     """`n` (text with one [MASK], answer) pairs cut from held-out instances.
@@ -269,7 +280,7 @@ def heldout_examples(data, tokenizer, lang: Language, *, n: int, seed: int,
 
 
 def _format_candidates(candidates) -> str:
-    return "  ".join(f"{c.token} {c.prob:.2f}" for c in candidates)
+    return "  ".join(f"{c.token} {c.score:.2f}" for c in candidates)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,6 +393,9 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     log(f"at the {scores['masks']:,} positions shown as [MASK] (answer only from context): "
         f"{scores['mask_accuracy']:.3f}; the rest of the gain is the unchanged 10%, which the "
         "model learns to copy first")
+    note = too_few_steps(summary["steps"], scores["mlm_accuracy"], scores["baseline_accuracy"], config.steps)
+    if note:
+        log(note)
 
     examples = heldout_examples(eval_data, tokenizer, lang, n=3, seed=config.seed)
     pair_texts = [text for pair in lang.pairs for text, _ in pair]
@@ -398,14 +412,15 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
 
     log(f"\nmodel saved in {model_dir} (Hugging Face format: config.json, model.safetensors, vocab.txt)")
     log("next:")
+    runs = out.parent  # the next runs go beside this one, named as --out was (relative or absolute)
     log(f"  bertkit fill-mask {model_dir} \"{pair_texts[0]}\"")
     log(f"  bertkit plot {out}")
     explore_dir = "" if str(model_dir) == "runs/quickstart/model" else f" {model_dir}"
     log(f"  bertkit explore{explore_dir}   # a page that shows how the model sees your sentences")
     for task, dataset in lang.finetune:
         log(f"  bertkit finetune --task {task} --model {model_dir} --dataset {dataset} "
-            f"--out runs/{dataset}")
-    log(f"  bertkit pretrain --data {data_dir} --init {model_dir} --max-steps 20000 --out runs/more"
+            f"--out {runs / dataset}")
+    log(f"  bertkit pretrain --data {data_dir} --init {model_dir} --max-steps 20000 --out {runs / 'more'}"
         "   # keep pre-training")
     log(f"(demo took {time.perf_counter() - started:.0f} s)")
     return {

@@ -81,7 +81,15 @@ def error_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse gives a positional list only the values before the first option, so `embed
+        # MODEL --json "a text"` would leave "a text" over: texts may come anywhere after MODEL.
+        if isinstance(getattr(args, "texts", None), list) and not any(e.startswith("-") for e in extra):
+            args.texts = [*args.texts, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     command = args.command + (f" {args.tokenizer_command}" if args.command == "tokenizer" else "")
     threads = vars(args).pop("threads", None)
     try:

@@ -134,10 +134,14 @@ def _run_finetune(args: argparse.Namespace) -> None:
     config = FinetuneConfig(**settings)
     if config.task in retrieval.TASKS:
         summary = retrieval.run(retrieval.from_finetune_config(config, **extra))
-        scores = summary.get("eval")
-        print(f"model saved in {config.out_dir} ({summary['steps']} steps, loss {summary['first_loss']:.4f} "
-              f"→ {summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else
-                                                   "no --eval set, so no score"))
+        scores = dict(summary.get("eval") or {})
+        first = scores.pop("first_stage", None)
+        line = (f"model saved in {config.out_dir} ({summary['steps']} steps, loss {summary['first_loss']:.4f} "
+                f"→ {summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else
+                                                     "no --eval set, so no score"))
+        if first:  # the baseline beside the reranker's score: the candidates in the first stage's order
+            line += f"; first stage ({first['name']}) mrr@10 {first['mrr@10']}, reranked {scores['mrr@10']}"
+        print(line)
         print(json.dumps(summary, ensure_ascii=False))
         return
     if extra:
@@ -179,6 +183,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--model", required=True, dest="model_dir", help="fine-tuned model directory")
     p.add_argument("--input", required=True, dest="input_path")
+    p.add_argument("--input-format", dest="fmt", choices=["auto", "txt", "jsonl", "csv", "tsv", "conll", "squad"],
+                   help="the input's format (default: by its suffix; .json is SQuAD)")
     p.add_argument("--out", required=True, dest="out_path", help="JSONL predictions")
     p.add_argument("--task", choices=["classify", "pair", "ner", "qa"])
     p.add_argument("--batch-size", type=int,
@@ -210,37 +216,49 @@ def _run_predict(args: argparse.Namespace) -> None:
 # datasets
 # ---------------------------------------------------------------------------------------------
 def _add_datasets(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("datasets", help="list the built-in labelled sets, or write one out as files",
-                       description="Without arguments: list the built-in sets and their split sizes. "
+    p = sub.add_parser("datasets", help="list the built-in data sets, show one, or write one out as files",
+                       description="Without arguments: list the built-in sets (at once: nothing is "
+                       "built). With NAME: build it and show its split sizes and a first example. "
                        "With NAME and --out: write NAME.{train,dev,test}.jsonl (classification) or "
-                       ".conll (NER) into the directory, in the formats `finetune` reads.")
-    p.add_argument("name", nargs="?", help="set to write (zh-sentiment, zh-ner, en-news)")
-    p.add_argument("--out", help="directory for the files")
+                       ".conll (NER), or the retrieval corpus and queries, into the directory, in "
+                       "the formats `finetune` and `index` read.")
+    p.add_argument("name", nargs="?", help="a set to show or write (see the list)")
+    p.add_argument("--out", help="directory to write the set's files into")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_run_datasets)
 
 
 def _run_datasets(args: argparse.Namespace) -> None:
     from bertkit.data import labelled
+    from bertkit.retrieval.datasets import RETRIEVAL_SETS, load_retrieval, write_retrieval
 
     if args.name is None:
-        for name, info in labelled.LABELLED_SETS.items():
-            sizes = ", ".join(f"{s} {len(labelled.load_labelled(name, s))}" for s in labelled.SPLITS)
-            print(f"{name:14} {info.task:9} {info.description} ({sizes})")
-        from bertkit.retrieval.datasets import RETRIEVAL_SETS, load_retrieval
-
-        for name, info in RETRIEVAL_SETS.items():
-            data = load_retrieval(name)
-            sizes = ", ".join(f"{s} {len(q)} queries" for s, q in data.queries.items())
-            print(f"{name:14} retrieval {info.description} (corpus {len(data.corpus)}; {sizes})")
+        # Names and descriptions only: counting a set means building it (seconds each).
+        sets = [(name, info.task, info.description) for name, info in labelled.LABELLED_SETS.items()]
+        sets += [(name, "retrieval", info.description) for name, info in RETRIEVAL_SETS.items()]
+        width = max(len(name) for name, _, _ in sets)
+        for name, task, description in sets:
+            print(f"{name:{width}}  {task:9}  {description}")
+        print("\n`bertkit datasets NAME` shows a set's sizes; add --out DIR to write its files")
         return
-    if not args.out:
-        raise ValueError("writing a data set needs --out DIR")
-    from bertkit.retrieval.datasets import RETRIEVAL_SETS, write_retrieval
-
-    if args.name in RETRIEVAL_SETS:
-        for part, path in write_retrieval(args.name, args.out, overwrite=args.overwrite).items():
+    if args.name not in RETRIEVAL_SETS and args.name not in labelled.LABELLED_SETS:
+        raise ValueError(f"unknown built-in data set {args.name!r}; choose one of "
+                         f"{', '.join([*labelled.LABELLED_SETS, *RETRIEVAL_SETS])} (`bertkit datasets` lists them)")
+    if args.out:
+        written = (write_retrieval(args.name, args.out, overwrite=args.overwrite) if args.name in RETRIEVAL_SETS
+                   else labelled.write_labelled(args.name, args.out, overwrite=args.overwrite))
+        for part, path in written.items():
             print(f"{part}: {path}")
         return
-    for split, path in labelled.write_labelled(args.name, args.out, overwrite=args.overwrite).items():
-        print(f"{split}: {path}")
+    if args.name in RETRIEVAL_SETS:
+        data = load_retrieval(args.name)
+        print(f"{args.name}: {RETRIEVAL_SETS[args.name].description}")
+        print(f"corpus: {len(data.corpus)} documents")
+        for split, queries in data.queries.items():
+            print(f"{split}: {len(queries)} queries")
+    else:
+        info = labelled.labelled_set(args.name)
+        print(f"{args.name}: {info.description} (task {info.task})")
+        for split in labelled.SPLITS:
+            print(f"{split}: {len(labelled.load_labelled(args.name, split))} examples")
+    print(f"write it: bertkit datasets {args.name} --out DIR")

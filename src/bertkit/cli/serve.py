@@ -38,7 +38,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def _run_serve(args: argparse.Namespace) -> None:
     need_web_stack("serve")
     from bertkit.serve import Limits, Service, load_model, parse_model_args, serve
-    from bertkit.serve.app import listen
+    from bertkit.web import listen
 
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
                     max_client_batch_size=args.max_client_batch_size,

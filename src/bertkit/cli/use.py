@@ -10,6 +10,10 @@ from pathlib import Path
 
 from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_file_job, print_json
 
+# What --input-format names (records.FORMATS but squad, which only predict reads); kept here so
+# that building the parser imports nothing heavy.
+INPUT_FORMATS = ("auto", "txt", "jsonl", "csv", "tsv", "conll")
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     for add_use in (_add_fill_mask, _add_embed, _add_classify, _add_ner, _add_qa, _add_rerank):
@@ -28,6 +32,8 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
         p.add_argument("texts", nargs="*", help="texts (or give --input)")
     p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
     p.add_argument("--out", help="output file for --input: .jsonl (or .npy for embed)")
+    p.add_argument("--input-format", choices=INPUT_FORMATS, default="auto",
+                   help="the --input file's format (default: by its suffix)")
     p.add_argument("--text-field", default="text", help="jsonl key / csv column of the text (text)")
     p.add_argument("--resume", action="store_true", help="continue a killed --input run")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -57,9 +63,14 @@ def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
             raise ValueError("give texts on the command line or --input FILE, not both")
         if not args.out:
             raise ValueError("--input needs --out FILE (.jsonl, or .npy for embed)")
+        if Path(args.input).is_dir():
+            raise IsADirectoryError(f"--input {args.input} is a directory; pass a file (.txt, .jsonl, .csv, .tsv)")
         if not Path(args.input).is_file():
-            raise FileNotFoundError(f"--input {args.input} does not exist or is not a file")
+            raise FileNotFoundError(f"--input {args.input} does not exist; check the path")
         check_writable_output(args.out, overwrite=None if args.resume else args.overwrite)
+        from bertkit.inference.jobs import output_kind
+
+        output_kind(args.command, args.out)  # the commands are named as the uses
     elif need_texts and not texts:
         raise ValueError(f"bertkit {args.command} needs texts or --input FILE --out FILE")
     elif args.out:
@@ -72,7 +83,7 @@ def _file_job(args: argparse.Namespace, use: str, engine, pair_field: str | None
 
     summary = run_use_on_file(use, engine, args.input, args.out, text_field=args.text_field,
                               pair_field=pair_field, resume=args.resume, overwrite=args.overwrite,
-                              progress=args.progress, **options)
+                              progress=args.progress, fmt=args.input_format, **options)
     print_file_job(summary, engine)
 
 
@@ -140,7 +151,7 @@ def _run_fill_mask(args: argparse.Namespace) -> None:
     for text, masks in zip(args.texts, results):
         print(text)
         for i, cands in enumerate(masks):
-            shown = "  ".join(f"{c.token} {c.prob:.3f}" for c in cands)
+            shown = "  ".join(f"{c.token} {c.score:.3f}" for c in cands)
             print(f"  [MASK] {i + 1}: {shown}")
 
 

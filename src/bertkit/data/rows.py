@@ -37,6 +37,8 @@ SNIFF_BYTES = 8192  # bytes inspected to tell a binary file (NUL bytes) from tex
 
 def row_format(path: str | os.PathLike) -> str:
     """'csv', 'tsv' or 'jsonl' from the file suffix; ValueError naming the suffixes understood."""
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{path} is a directory; pass a data file ({', '.join(ROW_FORMATS)})")
     suffix = Path(path).suffix.lower()
     if suffix not in ROW_FORMATS:
         raise ValueError(f"{path}: cannot tell the format from suffix {suffix!r}; use one of "

@@ -31,6 +31,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from bertkit import web
 from bertkit.explore import views
 from bertkit.explore.views import Explorer, ViewError
 
@@ -117,8 +118,5 @@ def build_app(explorer: Explorer) -> Starlette:
 
 
 def run(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000, *, sockets=None) -> None:
-    """Serve the explorer under uvicorn until Ctrl-C / SIGTERM."""
-    import uvicorn
-
-    config = uvicorn.Config(build_app(explorer), host=host, port=port, log_level="warning")
-    uvicorn.Server(config).run(sockets=sockets)
+    """Serve the explorer under uvicorn until Ctrl-C / SIGTERM, then return (exit 0)."""
+    web.run(build_app(explorer), sockets=sockets, host=host, port=port)

@@ -25,6 +25,7 @@ from torch import nn
 from bertkit.data.builtin import MINIMAL_PAIRS
 from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, jieba_word_starts, jieba_words, mask_text
 from bertkit.data.report import IGNORE_INDEX
+from bertkit.fileio import model_directory
 from bertkit.inference import Engine, classify, fill_mask, ner, qa, rerank, similarity
 from bertkit.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
 from bertkit.summary import parameter_rows
@@ -109,11 +110,7 @@ class Explorer:
     def load(cls, model_dir: str | os.PathLike, tasks: list[tuple[str, str]] = (), *,
              name: str | None = None) -> "Explorer":
         """The main model from `model_dir`, and each (name, dir) of `tasks` for its own head."""
-        path = Path(model_dir)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{model_dir} is not a model directory (no config.json); give a "
-                                    "directory saved by bertkit or Hugging Face, e.g. "
-                                    "runs/quickstart/model after `make demo`")
+        path = model_directory(model_dir)
         use = "fill-mask" if use_of(path) == "fill-mask" else "embed"
         engine = Engine.load(path, use=use, precision="fp32")
         # runs/quickstart/model is "quickstart": a directory called "model" is named by its run
@@ -300,7 +297,7 @@ def masking(explorer: Explorer, text: str, seed: int = 0, whole_word: bool = Fal
                  "kind": KIND_NAMES[int(kinds[p])], "top": [], "prob_true": None, "loss": None}
         if top_rows is not None:
             top_ids = top_rows.indices[m].tolist()
-            entry["top"] = [{"token": t, "prob": float(v)} for t, v in
+            entry["top"] = [{"token": t, "score": float(v)} for t, v in
                             zip(explorer.tokenizer.convert_ids_to_tokens(top_ids), top_rows.values[m].tolist())]
             entry["prob_true"] = float(probs[m, labels[p]])
             entry["loss"] = float(-probs[m, labels[p]].log())
@@ -332,7 +329,7 @@ def fill(explorer: Explorer, texts: list[str], top_k: int = TOP_K) -> dict[str, 
         results = fill_mask(explorer.engine, texts, top_k=top_k)
     except ValueError as err:
         raise ViewError(str(err)) from None
-    return {"results": [[[{"token": c.token, "token_id": c.token_id, "prob": c.prob} for c in mask]
+    return {"results": [[[{"token": c.token, "token_id": c.token_id, "score": c.score} for c in mask]
                          for mask in text] for text in results]}
 
 

@@ -14,6 +14,7 @@ from bertkit.inference.engine import Batch, Engine, Pooling, token_budget_batche
 from bertkit.inference.fill_mask import Candidate, fill_mask, load_masked_lm
 from bertkit.inference.ner import ner
 from bertkit.inference.qa import qa
+from bertkit.inference.tokens import tokens
 
 __all__ = ["Engine", "Batch", "Pooling", "token_budget_batches", "embed", "similarity", "fill_mask",
-           "Candidate", "load_masked_lm", "classify", "rerank", "ner", "qa"]
+           "Candidate", "load_masked_lm", "classify", "rerank", "ner", "qa", "tokens"]

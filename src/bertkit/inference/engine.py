@@ -35,6 +35,7 @@ from torch import nn
 from bertkit import tasks
 from bertkit.checkpoint import missing_from
 from bertkit.data.tasks.common import WordPieces
+from bertkit.fileio import model_directory
 from bertkit.heads import use_class
 from bertkit.malloc import keep_freed_memory
 from bertkit.packing import Packed
@@ -182,6 +183,7 @@ class Engine:
         if use not in tasks.USES:
             raise ValueError(f"unknown use {use!r}; choose one of {', '.join(tasks.USES)}")
         model_class, head, needs = use_class(use), tasks.HEADS[tasks.USES[use].kind].weights, tasks.USES[use].needs
+        model_dir = model_directory(model_dir)
         tokenizer = BertTokenizer.from_pretrained(model_dir)
         model = model_class.from_pretrained(model_dir)
         missing = missing_from(model, model.load_report, head) if head else []

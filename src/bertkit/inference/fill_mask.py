@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 class Candidate:
     token: str  # the vocabulary entry, e.g. "paris" or "##ing"
     token_id: int
-    prob: float  # softmax probability over the whole vocabulary at that [MASK]
+    score: float  # softmax probability over the whole vocabulary at that [MASK] (transformers' "score")
 
 
 def fill_mask(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, top_k: int = 5,

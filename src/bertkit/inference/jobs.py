@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 from bertkit import tasks
 from bertkit.config import BertConfig
-from bertkit.fileio import check_writable_output, missing_model_dir
+from bertkit.fileio import check_writable_output, model_directory
 from bertkit.inference.classify import classify, rerank
 from bertkit.inference.embed import embed
 from bertkit.inference.engine import Engine
-from bertkit.inference.files import run_file
+from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, run_file
 from bertkit.inference.fill_mask import fill_mask
 from bertkit.inference.ner import ner, ner_words
 from bertkit.inference.qa import qa
@@ -66,6 +66,22 @@ def chunk_function(use: str, engine: Engine, options: dict[str, Any]) -> Callabl
     raise ValueError(f"unknown use {use!r}; choose one of {', '.join(USES)}")
 
 
+def output_kind(use: str, out_path: str | os.PathLike) -> str:
+    """"npy" or "jsonl", what `use` writes to `out_path`, by its suffix: JSON Lines (.jsonl), or a
+    NumPy array (.npy) for embed. Any other suffix is refused rather than filled with JSON Lines
+    under a name that promises another format (a .csv, a .txt)."""
+    suffix = Path(out_path).suffix.lower()
+    if suffix == ".npy":
+        if use != "embed":
+            raise ValueError(f"--out {out_path}: only embed writes .npy; give {use} a .jsonl output")
+        return "npy"
+    if suffix == ".jsonl":
+        return "jsonl"
+    kinds = "JSON Lines (.jsonl) or a NumPy array (.npy)" if use == "embed" else "JSON Lines (.jsonl)"
+    raise ValueError(f"--out {out_path}: {use} writes {kinds}, not {suffix or 'a file without a suffix'}; "
+                     f"name the output {Path(out_path).with_suffix('.jsonl').name}")
+
+
 def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out_path: str | os.PathLike,
                     *, text_field: str = "text", pair_field: str | None = None,
                     words_field: str | None = None, resume: bool = False, overwrite: bool = False,
@@ -80,9 +96,7 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
         raise ValueError("qa over a file needs the context column: pass --pair-field (e.g. context) "
                          "and --text-field for the question")
     out = Path(out_path)
-    kind = "npy" if out.suffix == ".npy" else "jsonl"
-    if kind == "npy" and use != "embed":
-        raise ValueError(f"{out}: only embed writes .npy; give {use} a .jsonl output")
+    kind = output_kind(use, out)
     settings = {"use": use, "model": str(Path(engine.model_dir).resolve()) if engine.model_dir else None,
                 "precision": engine.precision, "max_length": engine.max_length,
                 "truncate": engine.truncate, **options}
@@ -101,7 +115,7 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
                  tokens_key: str | None = None, null_score_diff_threshold: float | None = None,
                  batch_size: int | None = None, device: str = "auto",
                  precision: str = "fp32", overwrite: bool = False, resume: bool = False,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, fmt: str = "auto") -> dict[str, Any]:
     """Run a fine-tuned directory over `input_path` into `out_path` (JSON Lines), by its head.
 
     task: classify, pair, ner or qa; default: the task finetune_config.json records, else the one
@@ -110,6 +124,7 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
       starts), text_column / pair_column (classify: the columns; qa rows: question / context),
       tokens_key (ner JSON Lines: the list of words), null_score_diff_threshold (qa, SQuAD 2.0
       models: how far the [CLS] score must beat the best span's to answer "").
+    fmt: the input's format (txt, jsonl, csv, tsv, conll, squad); "auto" tells it by the suffix.
     batch_size: windows per batch, as fine-tuning's evaluation counts them: the engine's token
       budget becomes batch_size × max_length (default: the engine's own, 8,192 tokens).
     Inputs and outputs (one JSON object per usable input row, with its source `line`):
@@ -124,9 +139,7 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
     length, and how many inputs it truncated.
     """
     out = check_writable_output(out_path, overwrite=None if resume else overwrite, kind="file")
-    directory = Path(model_dir)
-    if not directory.is_dir():
-        raise FileNotFoundError(missing_model_dir(model_dir, "--model"))
+    directory = model_directory(model_dir, "--model")
     saved = _finetune_settings(directory)
     config = BertConfig.from_json(directory)
     task = task or saved.get("task") or tasks.finetune_task_of(config)
@@ -137,6 +150,7 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(tasks.PREDICT_TASKS)}")
     tasks.check_head(directory, config, task)
     use = tasks.FINETUNE_TASKS[task].use
+    output_kind(use, out)  # a .csv --out is refused before the model loads
     value = lambda given, key, default=None: given if given is not None else saved.get(key, default)  # noqa: E731
     max_length = value(max_length, "max_length")
     options: dict[str, Any] = {"max_length": max_length} if max_length else {}
@@ -147,8 +161,8 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
     columns = {"text_column": text_column, "pair_column": pair_column, "tokens_key": tokens_key}
     if null_score_diff_threshold is not None:
         saved = {**saved, "null_score_diff_threshold": null_score_diff_threshold}
-    fmt, reading, use_options = _predict_reading(task, Path(input_path), columns, value(doc_stride, "doc_stride"),
-                                                 saved)
+    fmt, reading, use_options = _predict_reading(task, Path(input_path), fmt, columns,
+                                                 value(doc_stride, "doc_stride"), saved)
     engine = Engine.load(directory, use=use, device=device, precision=precision, **options)
     summary = run_use_on_file(use, engine, input_path, out, fmt=fmt, resume=resume, overwrite=overwrite,
                               progress=progress, **reading, **use_options)
@@ -156,14 +170,17 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
             "truncated": engine.stats.truncated, **summary}
 
 
-def _predict_reading(task: str, path: Path, columns: dict[str, str | None], stride: int | None,
+def _predict_reading(task: str, path: Path, fmt: str, columns: dict[str, str | None], stride: int | None,
                      saved: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(format, reading fields, the use's options) of `predict_file` for a task and an input.
-    columns: the caller's text_column / pair_column / tokens_key (None: as saved, or the default)."""
+    fmt: the caller's format, or "auto" (by the suffix); columns: the caller's text_column /
+    pair_column / tokens_key (None: as saved, or the default)."""
     def column(key: str, default: str) -> str:
         return columns[key] or saved.get(key) or default
 
-    suffix = path.suffix.lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    suffix = FORMAT_SUFFIXES[fmt] if fmt != "auto" else path.suffix.lower()
     if task in ("classify", "pair"):
         reading = {"text_field": column("text_column", "text")}
         if task == "pair":
@@ -172,7 +189,7 @@ def _predict_reading(task: str, path: Path, columns: dict[str, str | None], stri
                 raise ValueError(f"{path}: a .txt file holds single texts (one a line), but the model "
                                  "is for text pairs (task pair); give a CSV / TSV / JSONL file with "
                                  f"columns {reading['text_field']!r} and {reading['pair_field']!r}")
-        return "auto", reading, {"windows": True, "stride": stride}
+        return fmt, reading, {"windows": True, "stride": stride}
     if task == "ner":
         if suffix in (".txt", ".text"):
             return "txt", {}, {"stride": stride}
@@ -186,7 +203,7 @@ def _predict_reading(task: str, path: Path, columns: dict[str, str | None], stri
     if suffix == ".json":
         return "squad", {}, qa_options
     # QA rows: fine-tuning read SQuAD files, so its column settings are not these.
-    return "auto", {"text_field": columns["text_column"] or "question",
+    return fmt, {"text_field": columns["text_column"] or "question",
                     "pair_field": columns["pair_column"] or "context"}, qa_options
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bertkit.fileio import atomic_path, atomic_write_json, check_writable_output, missing_model_dir
+from bertkit.fileio import atomic_path, atomic_write_json, check_writable_output, model_directory
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,7 @@ def _engine(model: Any, **options: Any):
 
     if isinstance(model, Engine):
         return model
-    if not Path(model).is_dir():
-        raise FileNotFoundError(missing_model_dir(model, "--model"))
-    return Engine.load(model, use="embed", **options)
+    return Engine.load(model_directory(model, "--model"), use="embed", **options)
 
 
 def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLike, *,

@@ -224,11 +224,10 @@ def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
     """An Engine (task rerank) over a cross-encoder dir that cuts pairs at the length the model
     was trained at: its tokenizer's model_max_length (what sentence-transformers' CrossEncoder
     reads too), capped at the model's positions; `max_length=` overrides it."""
-    from bertkit.fileio import missing_model_dir
+    from bertkit.fileio import model_directory
     from bertkit.inference import Engine
 
-    if not os.path.isdir(model_dir):
-        raise FileNotFoundError(missing_model_dir(model_dir, "--rerank"))
+    model_directory(model_dir, "--rerank")
     own = engine_options.get("max_length") is None
     if own:
         engine_options.pop("max_length", None)

@@ -28,8 +28,9 @@ from starlette.responses import JSONResponse as _StarletteJSONResponse
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bertkit import __version__
+from bertkit import __version__, web
 from bertkit.inference.classify import score_function
+from bertkit.inference.tokens import tokens
 from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.limits import Admission, Limits
@@ -266,18 +267,7 @@ async def route_rerank(service: Service, request: Request) -> Response:
 
 def tokens_of(model: ServedModel, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
     """TEI's /tokenize answer: per token its id, text, special flag and character span."""
-    out = []
-    for text, e in zip(texts, model.tokenizer.encode_raw(texts, max_length=model.max_length)):
-        tokens = []
-        for token_id, token, special, (start, stop) in zip(e.ids, e.tokens, e.special_tokens_mask, e.offsets):
-            if special:
-                if add_special_tokens:
-                    tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
-            else:
-                tokens.append({"id": token_id, "text": text[start:stop], "special": False,
-                               "start": start, "stop": stop})
-        out.append(tokens)
-    return out
+    return tokens(model.engine, texts, add_special_tokens=add_special_tokens, tokenizer=model.tokenizer)
 
 
 async def route_tokenize(service: Service, request: Request) -> Response:
@@ -412,49 +402,6 @@ def build_app(service: Service) -> Starlette:
 def serve(service: Service, host: str = "127.0.0.1", port: int = 8080, *, sockets=None,
           graceful_timeout: float = 30.0) -> None:
     """Run the service under uvicorn until SIGINT/SIGTERM: then stop taking connections, finish
-    the requests in flight (up to `graceful_timeout` s), drain the model thread, return."""
-    import signal
-    import threading
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        # uvicorn re-raises the signal once it has drained, so the process would end "killed by
-        # SIGTERM"; a drained shutdown is a clean exit, so catch the signals and return instead.
-        @contextlib.contextmanager
-        def capture_signals(self):
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-
-    config = uvicorn.Config(build_app(service), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=graceful_timeout, lifespan="on")
-    Server(config).run(sockets=sockets)
-
-
-def listen(host: str, port: int):
-    """A bound, listening TCP socket (so a busy port is reported before the models are served)."""
-    import socket
-
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0..65535, got {port}")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says
-    # TCP, and accepted sockets inherit it. Without it a response's body waits for the ACK of its
-    # headers (Nagle + the client's delayed ACK): 40 ms added to every answer.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as err:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}; choose another "
-                      "--port (or --host)") from None
-    return sock
+    the requests in flight (up to `graceful_timeout` s), drain the model thread, return (exit 0)."""
+    web.run(build_app(service), sockets=sockets, host=host, port=port, graceful_timeout=graceful_timeout,
+            lifespan="on")

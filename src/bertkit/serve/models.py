@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertkit import tasks
+from bertkit.fileio import model_directory
 from bertkit.inference import Engine
 from bertkit.tokenizer import BertTokenizer
 
@@ -63,12 +64,7 @@ class ServedModel:
 
 def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -> ServedModel:
     """Load `model_dir` for its head (see the module docstring); errors name the directory."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model dir {model_dir} does not exist or is not a directory")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{model_dir} has no config.json, so it is not a model directory; give a "
-                         "directory saved by bertkit or Hugging Face (config.json + weights + vocab)")
+    path = model_directory(model_dir)
     use = tasks.use_of(path)
     engine = Engine.load(path, use=use, **engine_options)
     routes = [*tasks.COMMON_ROUTES, *tasks.USES[use].routes]

@@ -54,7 +54,7 @@ def run_logits(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[tor
 def run_fill_mask(model: ServedModel, key: tuple, texts: Sequence[str]) -> list[list[list[dict]]]:
     top_k, targets = key
     found = fill_mask(model.engine, list(texts), top_k=top_k, targets=list(targets) if targets else None)
-    return [[[{"token": c.token, "token_id": c.token_id, "score": c.prob} for c in mask] for mask in text]
+    return [[[{"token": c.token, "token_id": c.token_id, "score": c.score} for c in mask] for mask in text]
             for text in found]
 
 

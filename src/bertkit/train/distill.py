@@ -48,7 +48,7 @@ from bertkit.checkpoint import load_into, read_state_dict
 from bertkit.config import BertConfig
 from bertkit.data.report import IGNORE_INDEX
 from bertkit.data.tasks.common import pad_batch
-from bertkit.fileio import atomic_write_json
+from bertkit.fileio import atomic_write_json, model_directory
 from bertkit.heads import task_class
 from bertkit.model import BertForMaskedLM
 from bertkit.precision import PRECISIONS, autocast, resolve_precision
@@ -375,9 +375,7 @@ class _TaskData:
 # The run
 # ---------------------------------------------------------------------------------------------
 def _load_teacher(config: DistillConfig) -> nn.Module:
-    directory = Path(config.teacher)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"--teacher {directory} is not a model directory (no config.json)")
+    directory = model_directory(config.teacher, "--teacher")
     cls = BertForMaskedLM if config.task is None else task_class(config.task)
     if config.task is not None and not BertConfig.from_json(directory).id2label:
         raise ValueError(f"--teacher {directory} has no labels (id2label): task distillation needs a "

@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.data.report import DataReport, read_text
-from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, missing_model_dir
+from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
+from bertkit.train import health
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +313,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     started = time.time()
     out = check_writable_output(config.out_dir, overwrite=True if config.overwrite else False,
                                 kind="dir", outputs=OUTPUTS)
-    if not Path(config.model).is_dir():
-        raise FileNotFoundError(missing_model_dir(config.model, "--model"))
+    model_directory(config.model, "--model")
     pairs, report = read_pairs(config.train)
     if config.max_train_examples:
         pairs = pairs[:config.max_train_examples]
@@ -381,9 +381,28 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
         "train": report.to_dict(), "train_examples": n_pairs}
     if config.eval:
         summary["eval"] = evaluate(out, config.task, config.eval)
+    summary["warnings"] = _warnings(config, summary, len(examples))
+    for warning in summary["warnings"]:
+        log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)
     atomic_write_json(out / "eval.json", summary)
     return summary
+
+
+def _warnings(config: RetrievalTrainConfig, summary: dict[str, Any], examples: int) -> list[str]:
+    """`train.health`'s checks: too few steps, a loss still at chance, a reranker that does not
+    beat its own first stage."""
+    chance = health.chance_loss(config.task, negatives=config.negatives, loss=config.loss,
+                                batch_size=config.batch_size)
+    found = [health.step_warning(summary["steps"], examples=examples, batch_size=config.batch_size,
+                                 epochs=config.epochs),
+             health.loss_warning(summary["last_loss"], chance)]
+    scores = summary.get("eval") or {}
+    if "first_stage" in scores:
+        first = scores["first_stage"]
+        found.append(health.baseline_warning("MRR@10", scores.get("mrr@10"), first.get("mrr@10"),
+                                             f"the first stage's own order ({first['name']})", "eval"))
+    return health.collect(*found)
 
 
 def _build(config: RetrievalTrainConfig) -> nn.Module:
@@ -510,7 +529,9 @@ def evaluate(model_dir: str | Path, task: str, spec: str, *, candidates: int = 2
     """MRR@10 / Recall@k / nDCG@10 of a trained model on `spec`'s queries.
 
     embed: exact search over the corpus (a builtin set's whole corpus, else every passage of the
-    file). rerank: the top `candidates` of BM25 (or the `first_stage` bi-encoder) reranked.
+    file). rerank: the top `candidates` of BM25 (or the `first_stage` bi-encoder) reranked; the
+    first stage's own scores on the same candidates come under "first_stage", the baseline a
+    reranker has to beat.
     """
     from bertkit.inference import embed, rerank
     from bertkit.retrieval.bm25 import BM25
@@ -536,9 +557,17 @@ def evaluate(model_dir: str | Path, task: str, spec: str, *, candidates: int = 2
     else:
         bm25 = BM25.fit(corpus)
         rows = [bm25.top_k(p.query, candidates) for p in pairs]
+    first_run = {str(i): [str(j) for j in found] for i, found in enumerate(rows)}
     for i, (pair, found) in enumerate(zip(pairs, rows)):
         if task == "rerank":
             order = rerank(reranker, pair.query, [corpus[j] for j in found]) if found else []
             found = [found[o["index"]] for o in order]
         run[str(i)] = [str(j) for j in found]
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in evaluate_run(run, qrels).items()}
+    def rounded(scores: dict[str, Any]) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in scores.items()}
+
+    result = rounded(evaluate_run(run, qrels))
+    if task == "rerank":
+        result["first_stage"] = {"name": f"{'bi-encoder' if first_stage else 'BM25'} top {candidates}",
+                                 **rounded(evaluate_run(first_run, qrels))}
+    return result

@@ -34,8 +34,8 @@ function column(text, masks, index) {
     el("p", { class: "quote" }, text),
     masks.map((candidates, m) => el("div", { class: "bars", "data-testid": "fillmask-slot", "data-slot": m },
       masks.length > 1 ? el("h4", {}, `[MASK] #${m + 1}`) : null,
-      candidates.map((c) => barRow(c.token, c.prob, {
-        max: candidates[0].prob, valueTestid: "fillmask-prob",
+      candidates.map((c) => barRow(c.token, c.score, {
+        max: candidates[0].score, valueTestid: "fillmask-score",
         attrs: { "data-testid": "fillmask-row", "data-token": c.token, "data-token-id": c.token_id,
-                 "data-prob": String(c.prob) } })))));
+                 "data-score": String(c.score) } })))));
 }

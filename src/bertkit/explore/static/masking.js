@@ -45,8 +45,8 @@ function predictionRow(p, hasMlm) {
   const top = hasMlm
     ? el("ol", { class: "top" }, p.top.map((c) => el("li", {
         class: c.token === p.original ? "true-token" : "", "data-testid": "masking-top",
-        "data-token": c.token, "data-prob": String(c.prob) },
-        el("span", { class: "cand" }, c.token), " ", el("span", { class: "num" }, fmtProb(c.prob)))))
+        "data-token": c.token, "data-score": String(c.score) },
+        el("span", { class: "cand" }, c.token), " ", el("span", { class: "num" }, fmtProb(c.score)))))
     : el("span", {}, "—");
   return el("tr", { "data-testid": "masking-prediction", "data-position": p.position, "data-kind": p.kind,
                     "data-prob-true": p.prob_true === null ? "" : String(p.prob_true),

@@ -33,6 +33,10 @@ from bertkit.data.tasks.qa import read_squad
 FORMATS = ("auto", "txt", "jsonl", "csv", "tsv", "conll", "squad")
 SUFFIX_FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
                   ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".conll": "conll"}
+# The suffix that stands for each format, where a caller names the format of a file whose suffix
+# says nothing (`--input-format`): SQuAD's is .json.
+FORMAT_SUFFIXES = {"txt": ".txt", "jsonl": ".jsonl", "csv": ".csv", "tsv": ".tsv", "conll": ".conll",
+                   "squad": ".json"}
 # A "text" longer than this is a dump (minified JSON, base64, a table on one line), not a
 # sentence or document; one such row would also hold more memory than a whole chunk should.
 DEFAULT_MAX_CHARS = 1_000_000
@@ -74,12 +78,16 @@ def record_format(path: str | os.PathLike, fmt: str = "auto") -> str:
     """One of FORMATS but "auto": `fmt` itself, or from the file suffix when fmt is "auto"."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{path} is a directory; pass an input file ({', '.join(SUFFIX_FORMATS)})")
     if fmt != "auto":
         return fmt
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIX_FORMATS:
+        named = "|".join(f for f in FORMATS if f != "auto")
         raise ValueError(f"{path}: cannot tell the format from suffix {suffix!r} (known: "
-                         f"{', '.join(SUFFIX_FORMATS)}); pass --format txt|jsonl|csv|tsv")
+                         f"{', '.join(SUFFIX_FORMATS)}); rename the file, or name its format with "
+                         f"--input-format {named} (fmt= in Python)")
     return SUFFIX_FORMATS[suffix]
 
 

@@ -31,7 +31,7 @@ from bertkit.fileio import atomic_write_json, atomic_write_text
 from bertkit.precision import autocast, resolve_precision
 from bertkit.tasks import FINETUNE_CONFIG as CONFIG_FILE
 from bertkit.tasks import FINETUNE_TASKS
-from bertkit.train import lora, optim, retrieval
+from bertkit.train import health, lora, optim, retrieval
 from bertkit.train import state as train_state
 from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.train.finetune.setup import (
@@ -111,6 +111,12 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         if data is not None:  # unknown labels fail now, not after an epoch of training
             task.check_labels(data[0], name)
 
+    total_steps = math.ceil(len(features) / config.batch_size) * config.epochs
+    early = health.step_warning(total_steps, examples=len(features), batch_size=config.batch_size,
+                                epochs=config.epochs)
+    if early:
+        log.warning("warning: %s", early)
+
     device = device_for(config.device)
     precision = resolve_precision(config.precision, device)
     model.to(device)
@@ -162,6 +168,9 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         best = load_best(model, out, config, label_overrides).to(device)
         with autocast(device, precision):
             summary["test"] = task.evaluate(best, test[0], config.test)
+    summary["warnings"] = run_warnings(config, model.config, summary, early)
+    for warning in summary["warnings"][1 if early else 0:]:
+        log.warning("warning: %s", warning)
     atomic_write_json(out / EVAL_FILE, summary)
     # Finished: the training state (weights + optimizer, 3× the model) is no longer needed.
     shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
@@ -313,6 +322,7 @@ def summary_of(config: FinetuneConfig, state: RunState, metric: str, reports: di
         "best_epoch": state.best_epoch,
         "eval": state.best_eval,
         "epochs_run": len(state.records),
+        "train_loss": state.records[-1]["train_loss"] if state.records else None,  # the last epoch's mean
         "stopped_early": state.stopped_early,
         "seconds": round(time.time() - started, 2),
         "data": reports,
@@ -322,6 +332,25 @@ def summary_of(config: FinetuneConfig, state: RunState, metric: str, reports: di
         summary["saved_model"] = (f"epoch {state.best_epoch}" if state.best_epoch
                                   else "initial weights only (no epoch finished)")
     return summary
+
+
+def run_warnings(config: FinetuneConfig, model_config: BertConfig, summary: dict[str, Any],
+                 early: str | None) -> list[str]:
+    """What `train.health` finds in a finished run: too few steps, a loss still at chance, a
+    score no better than the trivial predictor's (the majority label; no entity found)."""
+    chance = health.chance_loss(config.task, num_labels=model_config.num_labels,
+                                regression=model_config.problem_type == "regression", max_length=config.max_length)
+    found = [early, health.loss_warning(summary.get("train_loss"), chance)]
+    metric = summary.get("metric")
+    for split in ("eval", "test"):
+        scores = summary.get(split) or {}
+        if config.task in ("classify", "pair"):
+            found.append(health.baseline_warning(metric, scores.get(metric), scores.get("majority_accuracy"),
+                                                 "always answering the most frequent label", split))
+        elif config.task == "ner":
+            found.append(health.baseline_warning(metric, scores.get(metric), 0.0 if scores else None,
+                                                 "tagging every word O", split))
+    return health.collect(*found)
 
 
 def shuffled_batches(features: Sequence[dict], batch_size: int, rng: random.Random) -> list[list[int]]:

@@ -13,7 +13,7 @@ from torch import nn
 from bertkit import distributed
 from bertkit.checkpoint import load_into, read_state_dict, to_hf_state_dict
 from bertkit.config import PRESETS, BertConfig
-from bertkit.fileio import missing_model_dir
+from bertkit.fileio import missing_model_dir, model_directory
 from bertkit.heads import task_class
 from bertkit.tokenizer import BertTokenizer
 from bertkit.train import lora
@@ -35,10 +35,10 @@ def load_tokenizer(config: FinetuneConfig) -> BertTokenizer:
         if config.model in PRESETS:
             raise ValueError(f"--model {config.model} is a preset (random init) and has no tokenizer; "
                              "pass --tokenizer DIR (e.g. the directory of a pre-trained model)")
-        if not Path(config.model).is_dir():
+        if not Path(config.model).exists():
             raise FileNotFoundError(missing_model_dir(config.model, "--model") + f", or a preset "
                                     f"({', '.join(PRESETS)}) with --tokenizer")
-        source = config.model
+        source = model_directory(config.model, "--model")
     return BertTokenizer.from_pretrained(source)
 
 
@@ -51,10 +51,10 @@ def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[st
     torch.manual_seed(seed)  # the new head (and a preset's encoder) start from the run's seed
     if model in PRESETS:
         return cls(BertConfig.preset(model, vocab_size=vocab_size, **label_overrides))
-    directory = Path(model)
-    if not directory.is_dir():
+    if not Path(model).exists():
         raise FileNotFoundError(missing_model_dir(model, "--model") + f", or a preset "
                                 f"({', '.join(PRESETS)})")
+    directory = model_directory(model, "--model")
     config = BertConfig.from_json(directory)
     if config.vocab_size != vocab_size:
         raise ValueError(f"the model's vocab_size {config.vocab_size} differs from the tokenizer's "

@@ -166,8 +166,11 @@ class ClassifyTask(_EngineTask):
             pearson = float(torch.corrcoef(torch.stack([pred, target]))[0, 1]) if len(gold) > 1 else float("nan")
             return {"mse": float(((pred - target) ** 2).mean()), "pearson": pearson, "n": len(gold)}
         pred = scores.argmax(-1).tolist()
+        # The accuracy of always answering the most frequent label: what a model that ignores its
+        # input scores here (train.health warns when the model does no better).
+        majority = max(gold.count(label) for label in set(gold)) / len(gold) if gold else None
         return {"accuracy": metrics.accuracy(pred, gold), "macro_f1": metrics.macro_f1(pred, gold),
-                "n": len(gold)}
+                "majority_accuracy": majority, "n": len(gold)}
 
 
 class NerTask(_EngineTask):

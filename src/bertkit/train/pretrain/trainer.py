@@ -37,7 +37,7 @@ from bertkit import distributed
 from bertkit.checkpoint import load_into, read_state_dict
 from bertkit.config import BertConfig
 from bertkit.data.shards import PretrainingBatches, PretrainingData
-from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
+from bertkit.fileio import atomic_write_json, check_writable_output, model_directory, remove_outputs
 from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
 from bertkit.precision import autocast, resolve_precision
 from bertkit.tokenizer import BertTokenizer
@@ -153,7 +153,8 @@ class Trainer:
             raise FileNotFoundError(f"data directory {data_dir} does not exist; make it with "
                                     "`bertkit prepare`")
         # Continuing from a checkpoint: its tokenizer must be the one the data was made with.
-        init_tokenizer = BertTokenizer.from_pretrained(config.init) if config.init else None
+        init_tokenizer = (BertTokenizer.from_pretrained(model_directory(config.init, "--init"))
+                          if config.init else None)
         self.data = PretrainingData(data_dir, "train", tokenizer=init_tokenizer)
         self.eval_data = None
         eval_size = self.data.meta["splits"].get("eval", {}).get("num_instances", 0)

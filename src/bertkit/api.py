@@ -1,0 +1,234 @@
+"""The front door for Python: `bertkit.load(path)` → a `Model` with every use of it.
+
+    import bertkit
+    model = bertkit.load("all-MiniLM-L6-v2")          # any BERT-family directory
+    vectors = model.encode(["a text", "another"])      # np.ndarray (2, 384) float32
+    model.similarity(vectors, vectors)                 # np.ndarray (2, 2) cosine
+
+One model is loaded once, with the head its checkpoint has, and every method runs on the one
+inference engine (`bertkit.inference.Engine`): the same batching, precision and answers as the
+command line and the service. The encoder under any head embeds and tokenizes; the other methods
+need their head (fill_mask a masked-LM head, classify a sequence classifier, rerank a cross-encoder,
+ner a token classifier, qa a question-answering head) and say which head the model has otherwise.
+
+`encode` follows sentence-transformers' `SentenceTransformer.encode`: NumPy out (a torch tensor
+with convert_to_tensor=True), one row per text, a 1-D vector for a single string, and the model's
+own pooling and Normalize module from its sentence-transformers files; `normalize=True` scales to
+unit length on top. For a directory without those files it pools the mean without normalising, as
+sentence-transformers does for a plain BERT; `bertkit embed` and `inference.embed` return unit
+vectors there instead (their default suits search).
+
+Results are plain Python: dicts with the keys the service's JSON uses, so they print and serialise
+as they are.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from bertkit import inference, tasks
+from bertkit.config import BertConfig
+from bertkit.fileio import model_directory
+from bertkit.inference.common import as_texts
+from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
+
+# Texts per engine call when the caller gives no batch_size: the engine sorts and packs inside a
+# call, so larger is no faster, and a progress bar moves once per call.
+DEFAULT_CHUNK = 1024
+
+
+def load(path: str | os.PathLike, *, precision: str = "fp32", device: str = "auto",
+         max_length: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+         threads: int | None = None, truncate: bool = True) -> "Model":
+    """Load a model directory (bertkit's or any Hugging Face BERT-family checkpoint) for use.
+
+    precision: fp32 (default: equal to sentence-transformers and transformers), bf16, int8 (CPU;
+      cosine ≈ 0.99 to fp32) or auto (the faster of fp32 and bf16, measured on this machine).
+    device: auto (CUDA when there is one, as sentence-transformers picks), cpu or cuda.
+    max_length: tokens per input (default: the model's own limit, a sentence-transformers model's
+      max_seq_length, a reranker's trained pair length). truncate=False makes longer inputs an error.
+    max_batch_tokens: the engine's token budget per batch. threads: torch's intra-op threads.
+    """
+    directory = model_directory(path)
+    use = tasks.use_of(directory)
+    if use == "classify" and tasks.is_cross_encoder(BertConfig.from_json(directory)):
+        use = "rerank"  # the same head; rerank reads pairs at the length the cross-encoder was trained at
+    options: dict[str, Any] = dict(precision=precision, device=device, max_batch_tokens=max_batch_tokens,
+                                   threads=threads, truncate=truncate)
+    if max_length is not None:
+        options["max_length"] = max_length
+    return Model(Engine.load(directory, use=use, **options))
+
+
+class Model:
+    """A loaded model and its uses (see the module docstring). Build with `bertkit.load`, or
+    `Model(engine)` over an `Engine` made otherwise (a model in memory)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # -- what it is ----------------------------------------------------------------------------
+    @property
+    def config(self):
+        return self.engine.config
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def use(self) -> str:
+        """What its head does: embed, fill-mask, classify, rerank, ner or qa (`tasks.USES`)."""
+        return self.engine.use or "embed"
+
+    @property
+    def max_length(self) -> int:
+        """Tokens per input, special tokens included; longer inputs are cut (or refused)."""
+        return self.engine.max_length
+
+    @property
+    def dimension(self) -> int:
+        """The size of `encode`'s vectors."""
+        return self.engine.config.hidden_size
+
+    def get_embedding_dimension(self) -> int:
+        """`dimension`, by sentence-transformers' name (`get_sentence_embedding_dimension` before v5)."""
+        return self.dimension
+
+    get_sentence_embedding_dimension = get_embedding_dimension
+
+    def __repr__(self) -> str:
+        where = self.engine.model_dir or "a model in memory"
+        return (f"bertkit.Model({where}: {self.use}, {self.engine.precision} on {self.engine.device}, "
+                f"max_length {self.max_length})")
+
+    # -- every model -----------------------------------------------------------------------------
+    def encode(self, texts: str | Sequence[str], *, batch_size: int | None = None, normalize: bool = False,
+               normalize_embeddings: bool | None = None, convert_to_tensor: bool = False,
+               convert_to_numpy: bool = True, pooling: str | None = None,
+               show_progress_bar: bool = False) -> np.ndarray | torch.Tensor:
+        """Sentence embeddings: (N, H) float32 for a list, (H,) for one string.
+
+        batch_size: texts per engine call (default 1,024; the engine packs each call by tokens).
+        normalize (or sentence-transformers' normalize_embeddings): scale to unit length.
+        convert_to_tensor: a torch tensor instead of NumPy (convert_to_numpy=False: a list of
+        1-D tensors, as sentence-transformers). pooling: mean, cls or max instead of the model's.
+        """
+        single = isinstance(texts, str)
+        texts = as_texts(texts)
+        unit = normalize or bool(normalize_embeddings)
+        # Not asked to normalise: the model's own Normalize module, if its files have one.
+        own = None if self.engine.pooling is not None and pooling is None else False
+        chunk = _chunk_size(batch_size)
+        starts = range(0, len(texts), chunk)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="encode", unit="batch")
+        parts = [inference.embed(self.engine, texts[i:i + chunk], pooling=pooling, normalize=True if unit else own)
+                 for i in starts]
+        vectors = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if single:
+            vectors = vectors[0]
+        if convert_to_tensor:
+            return vectors
+        if not convert_to_numpy:
+            return list(vectors) if not single else vectors
+        return vectors.numpy()
+
+    def similarity(self, a: np.ndarray | torch.Tensor | Sequence[str],
+                   b: np.ndarray | torch.Tensor | Sequence[str] | None = None) -> np.ndarray:
+        """Cosine similarities (len(a), len(b)) of embeddings or of texts (encoded first); b
+        defaults to a."""
+        first = self._vectors(a)
+        second = first if b is None else self._vectors(b)
+        first = torch.nn.functional.normalize(first, dim=-1)
+        second = torch.nn.functional.normalize(second, dim=-1)
+        return (first @ second.T).numpy()
+
+    def tokenize(self, texts: str | Sequence[str], *, add_special_tokens: bool = True
+                 ) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
+        """The pieces each text becomes, as TEI's /tokenize: [{"id", "text", "special", "start",
+        "stop"}] (start / stop: character offsets; None for [CLS] / [SEP])."""
+        single = isinstance(texts, str)
+        out = inference.tokens(self.engine, as_texts(texts), add_special_tokens=add_special_tokens)
+        return out[0] if single else out
+
+    # -- by head -------------------------------------------------------------------------------
+    def fill_mask(self, texts: str | Sequence[str], *, top_k: int = 5,
+                  targets: Sequence[str] | None = None) -> list:
+        """Candidates at each [MASK]: [{"token", "token_id", "score"}] best first, per mask, per
+        text (one string: per mask). score: the softmax probability over the vocabulary."""
+        self._need("fill-mask")
+        single = isinstance(texts, str)
+        results = inference.fill_mask(self.engine, texts, top_k=top_k, targets=targets)
+        shaped = [[[{"token": c.token, "token_id": c.token_id, "score": c.score} for c in mask] for mask in text]
+                  for text in results]
+        return shaped[0] if single else shaped
+
+    def classify(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, *,
+                 function: str | None = None, windows: bool = False,
+                 stride: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """{"label", "score", "scores": {label: score}} per text ({"value"} for a regression head).
+        pairs: second texts for a pair model. windows: read a long text through every window of
+        it (probabilities averaged) instead of cutting it at max_length."""
+        self._need("classify")
+        single = isinstance(texts, str)
+        out = inference.classify(self.engine, texts, pairs, function=function, windows=windows, stride=stride)
+        return out[0] if single else out
+
+    def rerank(self, query: str, documents: Sequence[str], *, top_k: int | None = None,
+               raw_scores: bool = False, return_documents: bool = False) -> list[dict[str, Any]]:
+        """Documents by relevance to `query`, best first: [{"index", "score"}] (+ "text" with
+        return_documents), as sentence-transformers' CrossEncoder.rank scores them."""
+        self._need("rerank")
+        ranked = inference.rerank(self.engine, query, documents, top_k=top_k, raw_scores=raw_scores)
+        if return_documents:
+            ranked = [{**row, "text": documents[row["index"]]} for row in ranked]
+        return ranked
+
+    def ner(self, texts: str | Sequence[str], *, stride: int | None = None) -> list:
+        """Entities per text: [{"type", "text", "start", "end", "score"}] with character offsets."""
+        self._need("ner")
+        single = isinstance(texts, str)
+        out = inference.ner(self.engine, texts, stride=stride)
+        return out[0] if single else out
+
+    def qa(self, questions: str | Sequence[str], contexts: str | Sequence[str], *, top_k: int = 1,
+           allow_no_answer: bool = False, **settings: Any) -> list:
+        """The top_k answers per question: [{"text", "start", "end", "score"}], best first (one
+        question: its list). contexts: one per question, or one for all. settings:
+        max_answer_length, doc_stride, max_seq_length, ... as `bertkit.inference.qa`."""
+        self._need("qa")
+        single = isinstance(questions, str)
+        out = inference.qa(self.engine, questions, contexts, top_k=top_k, allow_no_answer=allow_no_answer,
+                           **settings)
+        return out[0] if single else out
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _need(self, use: str) -> None:
+        """ValueError unless this model's head does `use`, naming the head it has."""
+        have = self.use
+        ok = (use == have or (use == "classify" and have == "rerank")
+              or (use == "rerank" and have == "classify" and tasks.is_cross_encoder(self.config)))
+        if not ok:
+            where = self.engine.model_dir or "this model"
+            raise ValueError(f"{where} is {tasks.HEADS[tasks.USES[have].kind].description} ({have}); "
+                             f"{use.replace('-', '_')} needs {tasks.USES[use].needs}")
+
+    def _vectors(self, x) -> torch.Tensor:
+        if isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], str)):
+            return self.encode(x, convert_to_tensor=True).reshape(-1, self.dimension)
+        return torch.as_tensor(np.asarray(x), dtype=torch.float32).reshape(-1, np.shape(x)[-1])
+
+
+def _chunk_size(batch_size: int | None) -> int:
+    if batch_size is None:
+        return DEFAULT_CHUNK
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    return batch_size
