@@ -60,21 +60,38 @@ def linear_rows(x: torch.Tensor, out: torch.Tensor, qweight_t: torch.Tensor, wei
 
 
 class _Kernels:
-    """quantize_rows, dequantize and linear_rows, fused by torch.compile where a C++ compiler is
+    """quantize_rows, dequantize and linear_rows, fused by a compiler where a C++ compiler is
     available.
 
     Eager, quantize and dequantize are 4–6 passes over their tensor each; on 2 CPU threads they
     cost more than the int8 matmul itself, fused a fraction of it (docs/benchmarks.md has the
-    timings). The compiled functions compute the same values (checked in the tests). Compilation
-    happens once per process on first use (seconds; cached on disk by inductor);
-    BERTKIT_INT8_EAGER=1, or a failed compilation, keeps the eager functions.
+    timings). The compiled functions compute the same values (checked in the tests).
+
+    How they are compiled, BERTKIT_INT8_KERNELS=compile|aot|eager:
+    - compile (the default): torch.compile in each process (inductor caches the code on disk, but
+      every process traces again: seconds per kernel at every start);
+    - aot: ahead of time, once per machine and layer shape, kept on disk (`inference.aot`): a later
+      process loads them in milliseconds, so from the second run on an int8 start costs about what
+      an fp32 one does. Not yet the default: its kernels have not been timed against compile's on
+      a quiet machine (docs/inference.md);
+    - eager: no compiler (also what a failed compilation falls back to).
+    BERTKIT_INT8_EAGER=1 is the same as eager.
     """
 
     def __init__(self) -> None:
         self.quantize, self.dequantize, self.linear = quantize_rows, dequantize, linear_rows
-        self.tried = os.environ.get("BERTKIT_INT8_EAGER") == "1"
+        mode = os.environ.get("BERTKIT_INT8_KERNELS", "compile")
+        if os.environ.get("BERTKIT_INT8_EAGER") == "1":
+            mode = "eager"
+        if mode not in ("aot", "compile", "eager"):
+            raise ValueError(f"BERTKIT_INT8_KERNELS={mode!r}: use aot, compile or eager")
+        self.mode = mode
+        self.tried = mode == "eager"
+        self.aot: dict = {}
 
     def get(self):
+        """(quantize, dequantize, linear) compiled by torch.compile (modes aot and compile: the
+        aot mode's kernels are per layer shape, `linear_for`), else the eager functions."""
         if not self.tried:
             self.tried = True
             try:
@@ -88,7 +105,33 @@ class _Kernels:
                 self.linear = torch.compile(linear_rows, dynamic=True)
             except Exception as err:  # no C++ compiler, or an inductor limitation: stay eager
                 log.info("int8: torch.compile unavailable (%s); using eager kernels", type(err).__name__)
+                self.mode = "eager"
         return self.quantize, self.dequantize, self.linear
+
+    def linear_for(self, layer: "Int8Linear"):
+        """linear_rows(x, out, *layer.terms()) for blocks of `layer`'s rows, compiled."""
+        if self.mode != "aot":
+            return self.get()[2]
+        key = (layer.in_features, layer.out_features)
+        if key not in self.aot:
+            example = (torch.randn(8, layer.in_features), torch.empty(8, layer.out_features), *layer.terms())
+            self.aot[key] = self.ahead_of_time("int8_linear", linear_rows, example, rows=(0, 1))
+        return self.aot[key]
+
+    def ahead_of_time(self, name: str, fn, example: tuple, rows: tuple):
+        """An `aot.AotKernel`, loaded (or compiled) now, so that a failure falls back at once to
+        torch.compile (mode compile) rather than in the middle of a batch."""
+        from bertkit.inference.aot import AotKernel
+
+        kernel = AotKernel(name, fn, example, rows, __file__)
+        try:
+            kernel(*example)
+        except Exception as err:
+            log.warning("int8: ahead-of-time compilation failed (%s: %s); compiling in this process instead",
+                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            self.mode = "compile"
+            return self.get()[2] if name == "int8_linear" else None
+        return kernel
 
 
 _KERNELS = _Kernels()
@@ -113,7 +156,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) float → (..., out) float32."""
         shape = x.shape[:-1]
-        run = _KERNELS.get()[2]
+        run = _KERNELS.linear_for(self)
         x = x.reshape(-1, self.in_features).float()  # (N, in)
         terms = self.terms()
         # Row blocks of ~1M int32 accumulators: each block is dequantized while it is still in
@@ -184,8 +227,11 @@ class _FusedKernels:
         self.compile = compile
         self.cache: dict = {}
 
-    def after_attention(self, act):
-        """run(y, x, out, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm) for blocks of rows."""
+    def after_attention(self, act, layer: "Int8EncoderLayer | None" = None):
+        """run(y, x, out, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm) for blocks of rows;
+        with `layer`, the mode aot's kernels for its shapes (`_KERNELS.mode`)."""
+        if self.compile and layer is not None and _KERNELS.mode == "aot":
+            return self._ahead_of_time(act, layer)
         if act not in self.cache:
             def first(y, x, attn_out, attn_norm, ffn_in):
                 return attention_out_ffn_in(y, x, attn_out, attn_norm, ffn_in, act)
@@ -199,8 +245,53 @@ class _FusedKernels:
             self.cache[act] = run
         return self.cache[act]
 
+    def _ahead_of_time(self, act, layer: "Int8EncoderLayer"):
+        """The two graphs compiled ahead of time for this layer's sizes, epsilons and activation
+        (`aot.AotKernel`: the tensors are arguments, the rest is fixed in the kernel's name)."""
+        eps = (layer.attn_norm.eps, layer.ffn_norm.eps)
+        key = (act, layer.attn_out.in_features, layer.ffn_in.out_features, eps)
+        if key not in self.cache:
+            def first(y, x, *t):
+                return attention_out_ffn_in(y, x, t[0:4], (t[4], t[5], eps[0]), t[6:10], act)
+
+            def second(h, a, out, *t):
+                ffn_out_norm(h, a, out, t[0:4], (t[4], t[5], eps[1]))
+
+            hidden, inner = layer.attn_out.in_features, layer.ffn_in.out_features
+            terms = (*layer.attn_out.terms(), layer.attn_norm.weight, layer.attn_norm.bias, *layer.ffn_in.terms())
+            rows = torch.randn(8, hidden), torch.randn(8, hidden)
+            activation = _describe(act)
+            k1 = _KERNELS.ahead_of_time(f"int8_attention_out_ffn_in[{activation},eps={eps[0]}]", first,
+                                        (*rows, *terms), rows=(0, 1))
+            tail = (*layer.ffn_out.terms(), layer.ffn_norm.weight, layer.ffn_norm.bias)
+            k2 = k1 and _KERNELS.ahead_of_time(f"int8_ffn_out_norm[eps={eps[1]}]", second,
+                                               (torch.randn(8, inner), rows[1], torch.empty(8, hidden), *tail),
+                                               rows=(0, 1, 2))
+            if not k2:  # the compiler failed: torch.compile's graphs (or eager) from now on
+                return self.after_attention(act)
+
+            def run(y, x, out, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm):
+                a, h = k1(y, x, *attn_out, attn_norm[0], attn_norm[1], *ffn_in)  # (rows, H), (rows, I)
+                k2(h, a, out, *ffn_out, ffn_norm[0], ffn_norm[1])
+            self.cache[key] = run
+        return self.cache[key]
+
 
 _FUSED = _FusedKernels()
+
+
+def _describe(act) -> str:
+    """A name that tells activation functions apart, for a compiled kernel's key: a module's repr,
+    a builtin's name, a Python function's name and a digest of its code (two lambdas differ)."""
+    if isinstance(act, nn.Module):
+        return repr(act)
+    code = getattr(act, "__code__", None)
+    name = getattr(act, "__qualname__", None) or repr(act)
+    if code is None:
+        return name
+    import hashlib
+
+    return f"{name}:{hashlib.sha1(code.co_code + repr(code.co_consts).encode()).hexdigest()[:8]}"
 
 
 def _norm_params(norm: nn.LayerNorm) -> tuple:
@@ -219,7 +310,7 @@ class Int8EncoderLayer(EncoderLayer):
     """
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        run = _FUSED.after_attention(self.act)
+        run = _FUSED.after_attention(self.act, self)
         params = (self.attn_out.terms(), _norm_params(self.attn_norm), self.ffn_in.terms(),
                   self.ffn_out.terms(), _norm_params(self.ffn_norm))
         rows = max(256, CHUNK_ELEMENTS // self.ffn_in.out_features)
