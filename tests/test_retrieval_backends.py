@@ -129,9 +129,9 @@ def test_qdrant_server_path_is_the_embedded_code(tmp_path, monkeypatch):
     vectors = clustered(500, 16)
     params = {"url": "http://cluster:6333"}
     backends.build("qdrant", tmp_path, vectors, params)
-    backends.build("qdrant", tmp_path, vectors, params)  # a rerun (resume) upserts the same points
-    assert shared.count(backends.QDRANT_COLLECTION).count == 500
-    served = backends.Backend("qdrant", tmp_path, vectors, params)
+    built = backends.build("qdrant", tmp_path, vectors, params)  # a rerun (resume) upserts the same points
+    assert built["collection"] == f"bertkit-{tmp_path.name}" and shared.count(built["collection"]).count == 500
+    served = backends.Backend("qdrant", tmp_path, vectors, built)
     want = backends.Backend("exact", tmp_path, vectors, {}).search(vectors[:5], 7)[1]
     assert served.search(vectors[:5], 7)[1].tolist() == want.tolist()
 
@@ -216,3 +216,38 @@ def test_hybrid_fuses_dense_and_bm25_over_the_union(tmp_path, models, corpus):
     build_index(path, models["bi"], tmp_path / "no", progress=False, bm25=False)
     with pytest.raises(ValueError, match="no BM25 index"):
         Searcher.open(tmp_path / "no").search("cat", hybrid="rrf")
+
+
+# ---------------------------------------------------------------------------------------------
+# upsert and delete by id
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["exact", "faiss-hnsw", "qdrant"])
+def test_upsert_and_delete_equal_a_fresh_build(tmp_path, models, corpus, backend, capsys):
+    from bertkit import cli
+
+    path, docs = corpus
+    first = write_corpus(tmp_path / "first.jsonl", docs[:50])
+    args = ["--model", str(models["bi"]), "--no-progress", "--passage-tokens", "12", "--backend", backend,
+            "--late-chunking"]
+    assert cli.main(["index", str(first), "--out", str(tmp_path / "ix"), *args]) == 0
+    changed = "The river city wins. A big green tree falls over the car."
+    updates = tmp_path / "up.jsonl"
+    updates.write_text("".join(json.dumps({"id": f"d{i}", "text": docs[i]}) + "\n" for i in range(50, 80))
+                       + json.dumps({"id": "d7", "text": changed}) + "\n", encoding="utf-8")
+    assert cli.main(["index", str(updates), "--out", str(tmp_path / "ix"), "--upsert", "--delete", "d3", "d9"]) == 0
+    assert "30 added, 1 replaced, 2 deleted" in capsys.readouterr().out
+    # The same documents in the same order, built at once: the same index.
+    final = [(f"d{i}", docs[i]) for i in range(50) if i not in (3, 7, 9)] + \
+        [(f"d{i}", docs[i]) for i in range(50, 80)] + [("d7", changed)]
+    fresh = tmp_path / "fresh.jsonl"
+    fresh.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in final), encoding="utf-8")
+    assert cli.main(["index", str(fresh), "--out", str(tmp_path / "fresh"), *args]) == 0
+    a, b = open_index(tmp_path / "ix"), open_index(tmp_path / "fresh")
+    assert a.ids() == b.ids() and a.passages.tolist() == b.passages.tolist()
+    np.testing.assert_allclose(a.vectors, b.vectors, atol=1e-6)
+    queries = [changed, docs[60][:40], docs[3][:40]]
+    got = [[h.id for h in q] for q in Searcher.open(tmp_path / "ix").search(queries, top_k=5)]
+    assert got == [[h.id for h in q] for q in Searcher.open(tmp_path / "fresh").search(queries, top_k=5)]
+    assert got[0][0] == "d7" and "d3" not in got[2]
+    assert cli.main(["index", "--out", str(tmp_path / "ix"), "--delete", "nope"]) == 2
+    assert "'nope'" in capsys.readouterr().err and not (tmp_path / "ix.update").exists()

@@ -22,9 +22,15 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                        "docs.jsonl, passages, index.json: the model and its fingerprint) and build the "
                        "chosen backend and a BM25 index beside it. Bad rows are named and skipped; "
                        "--resume continues a killed build.")
-    p.add_argument("corpus", help="corpus file (.jsonl or .txt)")
-    p.add_argument("--model", required=True, help="bi-encoder model dir (any BERT; its own pooling)")
+    p.add_argument("corpus", nargs="?", help="corpus file (.jsonl or .txt); with --upsert, the documents to "
+                   "add or replace")
+    p.add_argument("--model", default=None, help="bi-encoder model dir (any BERT; its own pooling); "
+                   "required for a new index")
     p.add_argument("--out", required=True, help="index directory")
+    g = p.add_argument_group("updating a finished index (its own model and settings)")
+    g.add_argument("--upsert", action="store_true",
+                   help="add CORPUS's documents to the index at --out, replacing those with the same id")
+    g.add_argument("--delete", nargs="+", default=[], metavar="ID", help="delete these document ids")
     p.add_argument("--text-field", default="text", help="jsonl key of the text (text)")
     p.add_argument("--id-field", default="id", help="jsonl key of the id (id; else the line number)")
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
@@ -64,6 +70,10 @@ def _backend_params(args: argparse.Namespace) -> dict:
 def _run_index(args: argparse.Namespace) -> None:
     from bertkit.retrieval import build_index
 
+    if args.upsert or args.delete:
+        return _run_update(args)
+    if args.corpus is None or args.model is None:
+        raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
     summary = build_index(args.corpus, args.model, args.out, resume=args.resume,
                           overwrite=args.overwrite, progress=args.progress,
                           text_field=args.text_field, id_field=args.id_field, pooling=args.pooling,
@@ -77,6 +87,20 @@ def _run_index(args: argparse.Namespace) -> None:
     print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
           f"{summary['skipped']} rows skipped{truncated}; backend {summary['backend']}) into "
           f"{summary['out']} in {summary['seconds']:.1f} s")
+
+
+def _run_update(args: argparse.Namespace) -> None:
+    from bertkit.retrieval.update import update_index
+
+    if args.upsert and args.corpus is None:
+        raise ValueError("--upsert needs CORPUS, the file of documents to add or replace")
+    if args.corpus is not None and not args.upsert:
+        raise ValueError(f"CORPUS {args.corpus} with --delete alone: pass --upsert to add its documents too")
+    summary = update_index(args.out, upsert=args.corpus if args.upsert else None, delete=args.delete,
+                           text_field=args.text_field, id_field=args.id_field, device=args.device)
+    print(f"updated {summary['out']}: {summary['added']} added, {summary['replaced']} replaced, "
+          f"{summary['deleted']} deleted; {summary['documents']} documents as {summary['rows']} passages "
+          f"in {summary['seconds']:.1f} s")
 
 
 def _add_search(sub: argparse._SubParsersAction) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 BACKENDS = ("exact", "faiss-hnsw", "faiss-ivfpq", "qdrant")
 ALIASES = {"faiss": "faiss-hnsw"}
 FAISS_FILE = "faiss.index"
-QDRANT_COLLECTION = "bertkit"
+QDRANT_COLLECTION = "bertkit"  # the embedded collection; a server's is named after the index
 _UPLOAD_ROWS = 4096
 
 
@@ -75,20 +75,26 @@ def default_params(name: str, rows: int, dim: int) -> dict[str, Any]:
         bits = int(min(8, max(1, np.floor(np.log2(max(rows / 39, 2))))))
         return {"nlist": nlist, "m": m, "bits": bits, "nprobe": min(nlist, 32), "refine": 4}
     if name == "qdrant":
-        return {"url": None}
+        return {"url": None}  # + "collection": bertkit-<index directory name>, set by build
     return {}
 
 
-def build(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], *, seed: int = 0) -> dict[str, Any]:
-    """Make the backend's search structure from `vectors` (N, H) float32; returns what to record."""
+def build(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], *, seed: int = 0,
+          recreate: bool = False) -> dict[str, Any]:
+    """Make the backend's search structure from `vectors` (N, H) float32; returns what to record.
+
+    recreate: a server collection is dropped and refilled (an update renumbers rows); without it a
+    rerun upserts the same points again (resume)."""
     started = time.monotonic()
+    if name == "qdrant":
+        params = {"collection": f"bertkit-{Path(out).resolve().name}", **params}
     if name == "exact":
         pass
     elif name.startswith("faiss"):
         _build_faiss(name, out, vectors, params, seed)
     elif name == "qdrant" and params.get("url"):
         client = qdrant_client_for(params)
-        _fill_qdrant(client, vectors, recreate=False)
+        _fill_qdrant(client, params["collection"], vectors, recreate=recreate)
     elif name == "qdrant":
         import_qdrant()  # embedded: loaded from vectors.npy when opened; fail now if missing
     return {"name": name, **params, "build_seconds": round(time.monotonic() - started, 3)}
@@ -135,18 +141,18 @@ def qdrant_client_for(params: dict[str, Any]):
     return client
 
 
-def _fill_qdrant(client: Any, vectors: np.ndarray, *, recreate: bool) -> None:
+def _fill_qdrant(client: Any, collection: str, vectors: np.ndarray, *, recreate: bool) -> None:
     from qdrant_client import models
 
     n, dim = vectors.shape
-    if recreate or not client.collection_exists(QDRANT_COLLECTION):
-        if client.collection_exists(QDRANT_COLLECTION):
-            client.delete_collection(QDRANT_COLLECTION)
-        client.create_collection(QDRANT_COLLECTION, vectors_config=models.VectorParams(
+    if recreate or not client.collection_exists(collection):
+        if client.collection_exists(collection):
+            client.delete_collection(collection)
+        client.create_collection(collection, vectors_config=models.VectorParams(
             size=dim, distance=models.Distance.DOT))
     for lo in range(0, n, _UPLOAD_ROWS):
         block = np.asarray(vectors[lo:lo + _UPLOAD_ROWS], dtype=np.float32)
-        client.upsert(QDRANT_COLLECTION, points=models.Batch(ids=list(range(lo, lo + len(block))),
+        client.upsert(collection, points=models.Batch(ids=list(range(lo, lo + len(block))),
                                                              vectors=block.tolist()), wait=True)
 
 
@@ -167,9 +173,10 @@ class Backend:
                 raise ValueError(f"{file} holds {self.handle.ntotal} vectors, the index {len(vectors)}; "
                                  "rebuild it with `bertkit index ... --resume`")
         elif name == "qdrant":
+            self.collection = self.params.get("collection", QDRANT_COLLECTION)
             self.handle = qdrant_client_for(self.params)
             if not self.params.get("url"):
-                _fill_qdrant(self.handle, vectors, recreate=True)
+                _fill_qdrant(self.handle, self.collection, vectors, recreate=True)
 
     def memory_bytes(self) -> int:
         """Bytes the search structure holds in memory (vectors on disk not counted)."""
@@ -221,7 +228,7 @@ class Backend:
     def _search_qdrant(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         from qdrant_client import models
 
-        answers = self.handle.query_batch_points(QDRANT_COLLECTION, requests=[
+        answers = self.handle.query_batch_points(self.collection, requests=[
             models.QueryRequest(query=q.tolist(), limit=k) for q in queries])
         out_s = np.full((len(queries), k), -np.inf, dtype=np.float32)
         out_r = np.full((len(queries), k), -1, dtype=np.int64)
@@ -230,11 +237,3 @@ class Backend:
             for j, point in enumerate(points[:k]):
                 out_s[q, j], out_r[q, j] = point.score, int(point.id)
         return out_s, out_r
-
-    def delete_rows(self, rows: list[int]) -> None:
-        """Take rows out of a server collection (the other backends are rebuilt from vectors.npy)."""
-        if self.name == "qdrant" and self.params.get("url") and rows:
-            from qdrant_client import models
-
-            self.handle.delete(QDRANT_COLLECTION, points_selector=models.PointIdsList(points=rows), wait=True)
-

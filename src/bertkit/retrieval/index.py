@@ -113,7 +113,6 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
     ValueError naming the extra for a backend whose library is missing; ConnectionError for a
     server that does not answer (before anything is written).
     """
-    from bertkit.inference import embed
     from bertkit.inference.embed import resolve_pooling
     from bertkit.inference.files import RecordReport, read_records, run_file
 
@@ -166,7 +165,7 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
         (out / INDEX_FILE).unlink(missing_ok=True)  # the index is unfinished until it is rewritten
         report = RecordReport(str(corpus))
         docs, rows = write_store(read_records(corpus, text_field=text_field, report=report), out, id_field,
-                                 _splitter(engine.tokenizer, passage_tokens, passage_overlap,
+                                 passage_splitter(engine.tokenizer, passage_tokens, passage_overlap,
                                            late_chunking, room), resume=resume)
         if report.n_skipped:
             log.warning("%s", report.summary())
@@ -184,14 +183,8 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
     doc_offsets = np.load(out / OFFSETS_FILE)
 
     def vectors_of(records):
-        if not late_chunking:
-            return embed(engine, [r.text for r in records], pooling=mode, normalize=unit).numpy()
-        doc_rows = sorted({r.extra["doc"] for r in records})
-        texts = [d["text"] for d in read_lines(out / DOCS_FILE, doc_offsets, doc_rows)]
-        pieces = dict(zip(doc_rows, (ids for ids, _, _ in tokenize_documents(engine.tokenizer, texts))))
-        items = [(pieces[r.extra["doc"]][r.extra["w0"]:r.extra["w1"]], r.extra["t0"] - r.extra["w0"],
-                  r.extra["t1"] - r.extra["w0"]) for r in records]
-        return embed_late(engine, items, unit).numpy()
+        return passage_vectors(engine, records, mode, unit, late_chunking,
+                               lambda rows: [d["text"] for d in read_lines(out / DOCS_FILE, doc_offsets, rows)])
 
     truncated_before = engine.stats.truncated
     summary = run_file(out / PASSAGES_FILE, out / VECTORS_FILE, vectors_of,
@@ -207,7 +200,7 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
     if bm25:
         from bertkit.retrieval.bm25 import BM25
 
-        BM25.fit(p["text"] for p in _passage_texts(out / PASSAGES_FILE)).save(out / BM25_DIR)
+        BM25.fit(p["text"] for p in passage_texts(out / PASSAGES_FILE)).save(out / BM25_DIR)
     meta = {"format": FORMAT, **settings, "rows": rows, "documents": docs, "dim": engine.config.hidden_size,
             "backend": built, "bm25": bm25, "truncated": engine.stats.truncated - truncated_before,
             "corpus": str(corpus.resolve()), "text_field": text_field, "id_field": id_field,
@@ -219,13 +212,28 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
             "seconds": round(time.monotonic() - started, 3)}
 
 
-def _passage_texts(path: Path):
+def passage_vectors(engine: Any, records: list, mode: str, unit: bool, late_chunking: bool,
+                    doc_texts: Any) -> np.ndarray:
+    """(len(records), H) float32 vectors of passage records (rows of passages.jsonl as Records).
+    doc_texts: document rows → their texts (late chunking re-reads each window's pieces)."""
+    from bertkit.inference import embed
+
+    if not late_chunking:
+        return embed(engine, [r.text for r in records], pooling=mode, normalize=unit).numpy()
+    doc_rows = sorted({r.extra["doc"] for r in records})
+    pieces = dict(zip(doc_rows, (ids for ids, _, _ in tokenize_documents(engine.tokenizer, doc_texts(doc_rows)))))
+    items = [(pieces[r.extra["doc"]][r.extra["w0"]:r.extra["w1"]], r.extra["t0"] - r.extra["w0"],
+              r.extra["t1"] - r.extra["w0"]) for r in records]
+    return embed_late(engine, items, unit).numpy()
+
+
+def passage_texts(path: Path):
     with open(path, encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)
 
 
-def _splitter(tokenizer: Any, passage_tokens: int, overlap: int, late: bool, room: int):
+def passage_splitter(tokenizer: Any, passage_tokens: int, overlap: int, late: bool, room: int):
     """texts → each text's passages as dicts (see `store.write_store`)."""
     def whole(texts):
         return [[{"start": 0, "end": len(t)}] for t in texts]
