@@ -70,38 +70,39 @@ def real_texts() -> dict[str, list[str]]:
             "zh-reviews": ["".join(doc) for doc in documents("zh-reviews")[0]]}
 
 
-def real_vectors(cache: Path, engine) -> tuple[np.ndarray, np.ndarray, dict]:
+def real_vectors(cache: Path, engine, max_blocks: int | None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Every real passage, shuffled (fixed seed) into blocks of 4,096 that are embedded and cached
+    one by one, so any prefix of blocks is a uniform sample; `max_blocks` stops early."""
     from bertkit.inference import embed
     from bertkit.retrieval.datasets import load_retrieval
     from bertkit.retrieval.passages import split_passages, tokenize_documents
 
-    vec_file, q_file, info_file = cache / "real.npy", cache / "real_queries.npy", cache / "real.json"
-    if vec_file.is_file() and q_file.is_file() and info_file.is_file():
-        return np.load(vec_file, mmap_mode="r"), np.load(q_file), json.loads(info_file.read_text())
     passages, counts = [], {}
     for name, texts in real_texts().items():
         before = len(passages)
         for text, (_, offsets, starts) in zip(texts, tokenize_documents(engine.tokenizer, texts)):
             passages.extend(text[p.start:p.end] for p in split_passages(text, offsets, starts, 126))
         counts[name] = {"documents": len(texts), "passages": len(passages) - before}
-    started = time.monotonic()
-    vectors = np.empty((len(passages), 384), np.float32)
-    for lo in range(0, len(passages), 4096):
-        part = cache / f"real_part_{lo}.npy"  # each block kept, so a killed run continues
+    order = np.random.default_rng(0).permutation(len(passages))
+    q_file = cache / "real_queries.npy"
+    if not q_file.is_file():
+        queries = [q.text for name in ("en-news-retrieval", "zh-news-retrieval")
+                   for split in ("test", "dev") for q in load_retrieval(name).queries[split]]
+        np.save(q_file, embed(engine, queries).numpy())
+    started, blocks = time.monotonic(), []
+    for b, lo in enumerate(range(0, len(passages), 4096)):
+        part = cache / f"real_block_{lo}.npy"  # each block kept, so a killed run continues
         if not part.is_file():
-            np.save(cache / "real_part.tmp.npy", embed(engine, passages[lo:lo + 4096]).numpy())
-            os.replace(cache / "real_part.tmp.npy", part)
-        vectors[lo:lo + 4096] = np.load(part)
-        print(f"  embedded {min(lo + 4096, len(passages)):,} / {len(passages):,} passages", file=sys.stderr)
-    queries = [q.text for name in ("en-news-retrieval", "zh-news-retrieval")
-               for split in ("test", "dev") for q in load_retrieval(name).queries[split]]
-    qv = embed(engine, queries).numpy()
-    info = {"sources": counts, "passages": len(passages), "queries": len(queries),
-            "embed_seconds": round(time.monotonic() - started, 1), "precision": engine.precision}
-    np.save(vec_file, vectors)
-    np.save(q_file, qv)
-    info_file.write_text(json.dumps(info))
-    return vectors, qv, info
+            if max_blocks is not None and b >= max_blocks:
+                break
+            np.save(cache / "real_block.tmp.npy", embed(engine, [passages[i] for i in order[lo:lo + 4096]]).numpy())
+            os.replace(cache / "real_block.tmp.npy", part)
+            print(f"  embedded {min(lo + 4096, len(passages)):,} / {len(passages):,} passages "
+                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        blocks.append(np.load(part))
+    vectors = np.concatenate(blocks)
+    info = {"sources": counts, "passages": len(passages), "embedded": len(vectors), "precision": engine.precision}
+    return vectors, np.load(q_file), info
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,21 +242,25 @@ def quality(args) -> dict:
     from bertkit.retrieval.search import Searcher
 
     engines = {n: Engine.load(MINILM, use="embed", precision=args.precision, max_length=n) for n in (128, 256)}
-    variants = {"truncated@128": (128, dict(passage_tokens=0)), "truncated@256": (256, dict(passage_tokens=0)),
-                "passages@128": (256, dict(passage_tokens=126)),
-                "late-chunking@128": (256, dict(passage_tokens=126, late_chunking=True))}
+    variants = {"truncated@128": (128, dict(passage_tokens=0)), "passages@128": (256, dict(passage_tokens=126)),
+                "late-chunking@128": (256, dict(passage_tokens=126, late_chunking=True)),
+                "truncated@256": (256, dict(passage_tokens=0))}
     out = {}
-    for name in ("en-news-retrieval", "en-news-deep"):
-        data = load_retrieval(name)
-        work = Path(tempfile.mkdtemp(dir=args.cache, prefix="quality-"))
-        corpus = work / "corpus.jsonl"
-        corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in data.corpus.items()),
-                          encoding="utf-8")
-        test = data.queries["test"]
-        for variant, (length, options) in variants.items():
+    work = Path(tempfile.mkdtemp(dir=args.cache, prefix="quality-"))
+    sets = {name: load_retrieval(name) for name in ("en-news-deep", "en-news-retrieval")}
+    for name, data in sets.items():
+        (work / name).mkdir()
+        (work / name / "corpus.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                                                          for i, t in data.corpus.items()), encoding="utf-8")
+    # Most telling first (a shared machine may not finish them all): the deep split's truncation
+    # against passages, then the same on the title set, then late chunking, then 256 pieces.
+    for variant, (length, options) in variants.items():
+        for name, data in sets.items():
+            test = data.queries["test"]
             started = time.monotonic()
-            summary = build_index(corpus, engines[length], work / variant, progress=False, bm25=False, **options)
-            searcher = Searcher.open(work / variant, model=engines[length])
+            summary = build_index(work / name / "corpus.jsonl", engines[length], work / name / variant,
+                                  progress=False, bm25=False, **options)
+            searcher = Searcher.open(work / name / variant, model=engines[length])
             hits = searcher.search([q.text for q in test], top_k=10)
             scores = evaluate_run({q.id: [h.id for h in hs] for q, hs in zip(test, hits)}, data.qrels("test"))
             out[f"{name}/{variant}"] = {"mrr@10": round(scores["mrr@10"], 4), "ndcg@10": round(scores["ndcg@10"], 4),
@@ -263,10 +268,10 @@ def quality(args) -> dict:
                                         "seconds": round(time.monotonic() - started, 1)}
             print(f"  {name:18s} {variant:18s} MRR@10 {scores['mrr@10']:.4f}  nDCG@10 {scores['ndcg@10']:.4f}  "
                   f"({summary['rows']:,} vectors, {summary['truncated']} truncated, "
-                  f"{time.monotonic() - started:.0f} s)", flush=True)
-        import shutil
+                  f"{time.monotonic() - started:.0f} s, load {loadavg()})", flush=True)
+    import shutil
 
-        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -279,6 +284,8 @@ def main() -> int:
     p.add_argument("--n-queries", type=int, default=1000)
     p.add_argument("--exact-queries", type=int, default=100, help="queries timed on exact (slow at 1M)")
     p.add_argument("--qdrant-max", type=int, default=100_000)
+    p.add_argument("--real-blocks", type=int, default=None,
+                   help="embed at most this many new blocks of 4,096 real passages (default: all)")
     p.add_argument("--faiss", default="{}", help="JSON of FAISS build settings over the defaults, e.g. '{\"M\": 16}'")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vectors", default=None, help=argparse.SUPPRESS)
@@ -295,7 +302,7 @@ def main() -> int:
     report = {"load_before": loadavg()}
     if "real" in args.parts or "scale" in args.parts:
         engine = Engine.load(MINILM, use="embed", precision=args.precision, max_length=128)
-        real, queries, info = real_vectors(args.cache, engine)
+        real, queries, info = real_vectors(args.cache, engine, args.real_blocks)
         print(f"(a) real passages: {info}")
         report["real"] = info
         if "scale" in args.parts:
