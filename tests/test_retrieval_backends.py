@@ -213,6 +213,8 @@ def test_hybrid_fuses_dense_and_bm25_over_the_union(tmp_path, models, corpus):
     assert [h.row for h in hits] == want
     got = [x for h in hits for x in (h.dense_score, h.bm25_score)]
     assert got == pytest.approx([x for d in want for x in (dense[d], lexical[d])], abs=1e-5)
+    given = searcher.search(query, top_k=n, candidates=n, hybrid="zscore", vectors=vector[None])[0]
+    assert [h.to_dict() for h in given] == [h.to_dict() for h in hits]  # vectors embedded elsewhere
     build_index(path, models["bi"], tmp_path / "no", progress=False, bm25=False)
     with pytest.raises(ValueError, match="no BM25 index"):
         Searcher.open(tmp_path / "no").search("cat", hybrid="rrf")

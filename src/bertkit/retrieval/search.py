@@ -215,13 +215,15 @@ class Searcher:
 
     def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
                rerank_weight: float = 1.0, hybrid: str | None = None, ef: int | None = None,
-               nprobe: int | None = None, budget: int = DEFAULT_BUDGET) -> list[list[Hit]]:
+               nprobe: int | None = None, vectors: np.ndarray | None = None) -> list[list[Hit]]:
         """The best `top_k` documents per query (reranked from `candidates` with a reranker;
         rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score).
 
         hybrid: None (dense only), "rrf" or "zscore" (dense and BM25 fused over the union of each
         one's `candidates` best documents; zscore weighs the two equally). ef / nprobe: the
-        FAISS search settings (default: those recorded at build time)."""
+        FAISS search settings (default: those recorded at build time). vectors: the queries'
+        (Q, H) vectors when the caller embedded them already (a service batching the index's model
+        with its other requests); None embeds them here."""
         import torch
 
         from bertkit.inference.common import as_texts
@@ -241,7 +243,10 @@ class Searcher:
         params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe)) if v is not None}
         first = candidates if self.reranker is not None or hybrid is not None else top_k
         tick = time.perf_counter()
-        vectors = self.embed_queries(queries)
+        if vectors is None:
+            vectors = self.embed_queries(queries)
+        elif np.shape(vectors) != (len(queries), self.index.meta["dim"]):
+            raise ValueError(f"vectors {np.shape(vectors)} must be (queries {len(queries)}, {self.index.meta['dim']})")
         found = self.first_stage(queries, vectors, first, hybrid, **params)
         timings = {"retrieve_ms": (time.perf_counter() - tick) * 1000, "rerank_ms": 0.0}
         out = []
