@@ -1,8 +1,10 @@
-"""bertkit index and bertkit search: a corpus embedded into an index, queried, optionally reranked."""
+"""bertkit index and bertkit search: a corpus cut into passages and embedded into an index (any
+backend), queried (dense, or hybrid with BM25), optionally reranked."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_json
 
@@ -13,76 +15,160 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_index(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("index", help="embed a corpus into a search index (vectors + documents + model)",
-                       description="Stream CORPUS (jsonl rows with id and text, or txt: a document a "
-                       "line, its id the line number) through a bi-encoder into OUT: vectors.npy, "
-                       "docs.jsonl, index.json (the model and its fingerprint). Bad rows are named "
-                       "and skipped; --resume continues a killed build.")
-    p.add_argument("corpus", help="corpus file (.jsonl or .txt)")
-    p.add_argument("--model", required=True, help="bi-encoder model dir (any BERT; its own pooling)")
+    p = sub.add_parser("index", help="embed a corpus into a search index (passages + vectors + model)",
+                       description="Read CORPUS (jsonl rows with id and text, or txt: a document a "
+                       "line, its id the line number), cut each document into passages by the model's "
+                       "tokenizer (at sentence ends where it can), embed them into OUT (vectors.npy, "
+                       "docs.jsonl, passages, index.json: the model and its fingerprint) and build the "
+                       "chosen backend and a BM25 index beside it. Bad rows are named and skipped; "
+                       "--resume continues a killed build.")
+    p.add_argument("corpus", nargs="?", help="corpus file (.jsonl or .txt); with --upsert, the documents to "
+                   "add or replace")
+    p.add_argument("--model", default=None, help="bi-encoder model dir (any BERT; its own pooling); "
+                   "required for a new index")
     p.add_argument("--out", required=True, help="index directory")
+    g = p.add_argument_group("updating a finished index (its own model and settings)")
+    g.add_argument("--upsert", action="store_true",
+                   help="add CORPUS's documents to the index at --out, replacing those with the same id")
+    g.add_argument("--delete", nargs="+", default=[], metavar="ID", help="delete these document ids")
     p.add_argument("--text-field", default="text", help="jsonl key of the text (text)")
     p.add_argument("--id-field", default="id", help="jsonl key of the id (id; else the line number)")
     p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
                    help="default: the model's sentence-transformers pooling, else mean")
+    g = p.add_argument_group("passages")
+    g.add_argument("--passage-tokens", type=int, default=None,
+                   help="pieces per passage (default: the model's length − 2; 0: whole documents, "
+                   "truncated at --max-length and counted)")
+    g.add_argument("--passage-overlap", type=int, default=0, help="pieces shared by neighbouring passages (0)")
+    g.add_argument("--late-chunking", action="store_true",
+                   help="encode windows of passages at once and pool each passage from its own token states")
+    g = p.add_argument_group("backend")
+    g.add_argument("--backend", default="exact", choices=["exact", "faiss", "faiss-hnsw", "faiss-ivfpq", "qdrant"],
+                   help="exact (default), faiss-hnsw (= faiss), faiss-ivfpq (pip install 'bertkit[faiss]'), "
+                   "qdrant (pip install 'bertkit[qdrant]': embedded, or a server with --qdrant-url)")
+    g.add_argument("--hnsw-m", type=int, default=None, help="HNSW links per node (32)")
+    g.add_argument("--ef-construction", type=int, default=None, help="HNSW build beam (128)")
+    g.add_argument("--nlist", type=int, default=None, help="IVF lists (4·√N)")
+    g.add_argument("--pq-m", type=int, default=None, help="PQ bytes per vector (dim / 4)")
+    g.add_argument("--qdrant-url", default=None, help="a Qdrant server or cluster, e.g. http://127.0.0.1:6333 "
+                   "(default: embedded, in this process)")
+    g.add_argument("--no-bm25", action="store_false", dest="bm25", help="no BM25 index (no --hybrid search)")
     p.add_argument("--resume", action="store_true", help="continue a killed build")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
     p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
     add_engine_arguments(p, max_batch_tokens_help=BATCH_TOKENS_HELP,
-                         max_length_help="tokens per document (the model's limit)")
+                         max_length_help="pieces per encoded sequence (the model's limit)")
     p.set_defaults(func=_run_index)
+
+
+def _backend_params(args: argparse.Namespace) -> dict:
+    named = {"M": args.hnsw_m, "ef_construction": args.ef_construction, "nlist": args.nlist, "m": args.pq_m,
+             "url": args.qdrant_url}
+    return {k: v for k, v in named.items() if v is not None}
 
 
 def _run_index(args: argparse.Namespace) -> None:
     from bertkit.retrieval import build_index
 
+    if args.upsert or args.delete:
+        return _run_update(args)
+    if args.corpus is None or args.model is None:
+        raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
     summary = build_index(args.corpus, args.model, args.out, resume=args.resume,
                           overwrite=args.overwrite, progress=args.progress,
                           text_field=args.text_field, id_field=args.id_field, pooling=args.pooling,
+                          passage_tokens=args.passage_tokens, passage_overlap=args.passage_overlap,
+                          late_chunking=args.late_chunking, backend=args.backend,
+                          backend_params=_backend_params(args), bm25=args.bm25,
                           precision=args.precision, max_batch_tokens=args.max_batch_tokens,
                           device=args.device,
                           **({"max_length": args.max_length} if args.max_length else {}))
-    print(f"indexed {summary['rows']} documents ({summary['dim']} dims, {summary['skipped']} rows "
-          f"skipped) into {summary['out']} in {summary['seconds']:.1f} s")
+    truncated = f", {summary['truncated']} truncated" if summary["truncated"] else ""
+    print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
+          f"{summary['skipped']} rows skipped{truncated}; backend {summary['backend']}) into "
+          f"{summary['out']} in {summary['seconds']:.1f} s")
+
+
+def _run_update(args: argparse.Namespace) -> None:
+    from bertkit.retrieval.update import update_index
+
+    if args.upsert and args.corpus is None:
+        raise ValueError("--upsert needs CORPUS, the file of documents to add or replace")
+    if args.corpus is not None and not args.upsert:
+        raise ValueError(f"CORPUS {args.corpus} with --delete alone: pass --upsert to add its documents too")
+    summary = update_index(args.out, upsert=args.corpus if args.upsert else None, delete=args.delete,
+                           text_field=args.text_field, id_field=args.id_field, device=args.device)
+    print(f"updated {summary['out']}: {summary['added']} added, {summary['replaced']} replaced, "
+          f"{summary['deleted']} deleted; {summary['documents']} documents as {summary['rows']} passages "
+          f"in {summary['seconds']:.1f} s")
 
 
 def _add_search(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("search", help="search an index (exact inner product), optionally reranked",
+    p = sub.add_parser("search", help="search an index (its backend, or hybrid with BM25), optionally reranked",
                        description="Embed each query with the index's own model (another --model is "
-                       "refused unless it is the same model), take the best --candidates documents "
-                       "by inner product and, with --rerank, order them by a cross-encoder.")
+                       "refused unless it is the same model), find the best passages with the index's "
+                       "backend, rank documents by their best passage (fused with BM25's ranking under "
+                       "--hybrid) and, with --rerank, order the best --candidates by a cross-encoder.")
     p.add_argument("index", help="index directory made by `bertkit index`")
-    p.add_argument("queries", nargs="+", help="query texts")
+    p.add_argument("queries", nargs="*", help="query texts (or --input)")
+    p.add_argument("--input", default=None,
+                   help="a file of queries: .txt (one a line) or .jsonl (a query field); answers as JSON Lines")
+    p.add_argument("--query-field", default="query", help="jsonl key of the query (query)")
     p.add_argument("--rerank", default=None, help="cross-encoder dir to rerank the candidates")
     p.add_argument("--rerank-max-length", type=int, default=None,
-                   help="pieces per query + document pair (default: the length it was trained at)")
-    p.add_argument("--top-k", type=int, default=10, help="results per query (10)")
-    p.add_argument("--candidates", type=int, default=100, help="first-stage results to rerank (100)")
+                   help="pieces per query + passage pair (default: the length it was trained at)")
+    p.add_argument("--top-k", type=int, default=10, help="documents per query (10)")
+    p.add_argument("--candidates", type=int, default=100, help="first-stage documents to rerank or fuse (100)")
     p.add_argument("--rerank-weight", type=float, default=1.0,
                    help="order by W · reranker + (1 − W) · first stage, each standardised over a "
                    "query's candidates (1: the reranker alone; pick W on dev queries)")
+    p.add_argument("--hybrid", choices=["rrf", "zscore"], default=None,
+                   help="fuse the dense ranking with BM25's: reciprocal-rank fusion or equal-weight z-scores")
+    p.add_argument("--ef", type=int, default=None, help="faiss-hnsw search beam (the index's, 128)")
+    p.add_argument("--nprobe", type=int, default=None, help="faiss-ivfpq lists searched (the index's)")
+    p.add_argument("--qdrant-url", default=None, help="the Qdrant server to query (default: the index's)")
     p.add_argument("--model", default=None, help="query model (default: the index's; must be the same)")
     add_engine_arguments(p)
     p.add_argument("--json", action="store_true", help="one JSON object per query")
     p.set_defaults(func=_run_search)
 
 
+def _read_queries(path: str, field: str) -> list[str]:
+    from bertkit.inference.files import RecordReport, read_records
+
+    report = RecordReport(path)
+    queries = [r.text for r in read_records(path, text_field=field, report=report)]
+    if report.n_skipped:
+        print(report.summary(), file=sys.stderr)
+    return queries
+
+
 def _run_search(args: argparse.Namespace) -> None:
     from bertkit.retrieval import Searcher
 
+    if bool(args.queries) == bool(args.input):
+        raise ValueError("give queries on the command line or --input FILE (one of the two)")
+    queries = _read_queries(args.input, args.query_field) if args.input else args.queries
     searcher = Searcher.open(args.index, model=args.model, rerank=args.rerank,
                              rerank_max_length=args.rerank_max_length,
+                             backend_options={"url": args.qdrant_url} if args.qdrant_url else None,
                              precision=args.precision, device=args.device)
-    results = searcher.search(args.queries, top_k=args.top_k, candidates=args.candidates,
-                              rerank_weight=args.rerank_weight)
-    if args.json:
+    results = searcher.search(queries, top_k=args.top_k, candidates=args.candidates,
+                              rerank_weight=args.rerank_weight, hybrid=args.hybrid, ef=args.ef,
+                              nprobe=args.nprobe)
+    if args.json or args.input:
         return print_json({"query": q, "hits": [h.to_dict() for h in hits]}
-                          for q, hits in zip(args.queries, results))
-    stage = ("inner product" if not args.rerank else "reranked" if args.rerank_weight == 1.0
-             else f"reranked, fused at weight {args.rerank_weight:g}")
-    for query, hits in zip(args.queries, results):
+                          for q, hits in zip(queries, results))
+    stage = "inner product" if not args.rerank else "reranked" if args.rerank_weight == 1.0 \
+        else f"reranked, fused at weight {args.rerank_weight:g}"
+    if args.hybrid:
+        stage = f"+ BM25 ({args.hybrid})" + ("" if not args.rerank else f", {stage}")
+    if searcher.backend.name != "exact" or args.hybrid:
+        stage = f"{searcher.backend.name} {stage}"
+    for query, hits in zip(queries, results):
         print(f"{query}  ({stage}; retrieve {searcher.timings['retrieve_ms']:.0f} ms, "
               f"rerank {searcher.timings['rerank_ms']:.0f} ms)")
         for h in hits:
-            text = h.text if len(h.text) <= 100 else h.text[:97] + "..."
-            print(f"  {h.rank:3d}  {h.score:8.4f}  [{h.id}] {text}")
+            text = h.passage if len(h.passage) <= 100 else h.passage[:97] + "..."
+            where = "" if (h.start, h.end) == (0, len(h.text)) else f" {h.start}:{h.end}"  # a whole document
+            print(f"  {h.rank:3d}  {h.score:8.4f}  [{h.id}{where}] {text}")

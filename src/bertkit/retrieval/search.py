@@ -1,14 +1,14 @@
-"""Exact inner-product search over an index, in chunks, and optional cross-encoder reranking.
-
-`top_k_inner_product(vectors, queries, k)` scores every document (no approximation) while
-holding at most `budget` scores in memory at a time: queries go in groups and documents in
-chunks of rows (a memory-mapped (N, H) array is read chunk by chunk), and a running top-k per
-query is merged after each chunk. With the default budget (2**22 scores, 16 MiB) a million
-documents × 32 queries stays under ~60 MiB whatever N is.
+"""Search an index: dense (any backend), BM25, or both fused; documents by their best passage;
+optional cross-encoder reranking.
 
 `search(index_dir, queries, ...)` embeds the queries with the index's own model (another model
-is refused: its vectors live in another space), retrieves `candidates` documents per query and,
-with `rerank=CROSS_ENCODER`, orders those by the cross-encoder's scores and keeps `top_k`.
+is refused: its vectors live in another space), asks the index's backend (`backends`) for the best
+passages, and ranks documents by their best passage's score (max aggregation: the first k
+distinct documents of the passage ranking are exactly the k best documents, so the backend is
+asked for more passages until k distinct documents appear). `hybrid="rrf" | "zscore"` fuses that
+ranking with BM25's over the same passages (`fusion`). It retrieves `candidates` documents per
+query and,
+with `rerank=CROSS_ENCODER`, orders those by the cross-encoder's scores of their best passage and keeps `top_k`.
 `rerank_weight` below 1 orders them by a mix of both stages instead (`fuse_scores`): on the BBC
 set a bi-encoder and a reranker trained from the same small model are wrong on different
 queries, and the mix beat either alone (bench/retrieval.py picks the weight on dev queries).
@@ -23,64 +23,17 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from bertkit.retrieval.index import Index, open_index
+from bertkit.retrieval.exact import DEFAULT_BUDGET, top_k_inner_product
+from bertkit.retrieval.fusion import HYBRID, check_rerank_weight, fuse_scores, rrf
+from bertkit.retrieval.index import BM25_DIR, Index, open_index
 
-DEFAULT_BUDGET = 1 << 22  # scores (float32) held at once: 16 MiB
-
-
-def top_k_inner_product(vectors: np.ndarray, queries: np.ndarray, k: int, *,
-                        budget: int = DEFAULT_BUDGET) -> tuple[np.ndarray, np.ndarray]:
-    """The k rows of `vectors` with the largest inner product with each query, exactly.
-
-    vectors: (N, H) float (a memory map is fine: it is read in chunks); queries: (Q, H).
-    Returns (scores (Q, k') float32, rows (Q, k') int64), best first, k' = min(k, N); equal
-    scores are ordered by row.
-    """
-    queries = np.asarray(queries, dtype=np.float32)
-    if queries.ndim != 2 or vectors.ndim != 2 or queries.shape[1] != vectors.shape[1]:
-        raise ValueError(f"queries {queries.shape} and vectors {vectors.shape} must be (Q, H) "
-                         "and (N, H) with the same H")
-    if k < 1:
-        raise ValueError(f"k must be positive, got {k}")
-    n = int(vectors.shape[0])
-    k = min(k, n)
-    if budget < 1:
-        raise ValueError(f"budget must be positive, got {budget}")
-    group = max(1, min(len(queries), budget // max(k, 1024)))  # queries scored together
-    chunk = max(k, budget // group)  # document rows per step
-    all_scores = np.empty((len(queries), k), dtype=np.float32)
-    all_rows = np.empty((len(queries), k), dtype=np.int64)
-    for q0 in range(0, len(queries), group):
-        block = queries[q0:q0 + group]  # (G, H)
-        best_s = np.full((len(block), 0), -np.inf, dtype=np.float32)  # (G, ≤k) running top-k
-        best_r = np.zeros((len(block), 0), dtype=np.int64)
-        for lo in range(0, n, chunk):
-            rows = np.asarray(vectors[lo:lo + chunk], dtype=np.float32)  # (C, H) one chunk read
-            scores = block @ rows.T  # (G, C)
-            take = min(k, scores.shape[1])
-            part = np.argpartition(-scores, take - 1, axis=1)[:, :take]  # (G, take)
-            cand_s = np.concatenate([best_s, np.take_along_axis(scores, part, 1)], axis=1)
-            cand_r = np.concatenate([best_r, part + lo], axis=1)
-            keep = np.argsort(-cand_s, axis=1, kind="stable")[:, :k]  # (G, ≤k)
-            best_s = np.take_along_axis(cand_s, keep, 1)
-            best_r = np.take_along_axis(cand_r, keep, 1)
-        # Final order: score descending, then row ascending, so ties do not depend on chunking.
-        for g in range(len(block)):
-            order = np.lexsort((best_r[g], -best_s[g]))
-            all_scores[q0 + g] = best_s[g][order]
-            all_rows[q0 + g] = best_r[g][order]
-    return all_scores, all_rows
-
-
-def check_rerank_weight(weight: float) -> None:
-    """A reranker's share of the fused score must lie in [0, 1]."""
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"rerank weight must be in [0, 1] (1: the reranker alone), got {weight}")
+__all__ = ["DEFAULT_BUDGET", "Hit", "Searcher", "check_rerank_weight", "fuse_scores", "load_reranker",
+           "rerank_logits", "search", "top_k_inner_product"]
 
 
 def rerank_logits(reranker: Any, query: str, documents: Sequence[str]) -> np.ndarray:
@@ -93,57 +46,62 @@ def rerank_logits(reranker: Any, query: str, documents: Sequence[str]) -> np.nda
     return logits
 
 
-def fuse_scores(first: np.ndarray, second: np.ndarray, weight: float) -> np.ndarray:
-    """One query's candidates scored by both stages → weight · z(second) + (1 − weight) · z(first).
-
-    first: (C,) first-stage scores (inner products); second: (C,) the reranker's logits (raw: a
-    sigmoid squeezes the scores that matter, near 1, together). z standardises each over this
-    query's candidates (mean 0, standard deviation 1; a constant column becomes 0), so the
-    weight means the same whatever the two scales are. weight 1 is the reranker alone, 0 the
-    first stage alone. Returns (C,) float64.
-    """
-    check_rerank_weight(weight)
-    first, second = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
-    if first.shape != second.shape or first.ndim != 1:
-        raise ValueError(f"first {first.shape} and second {second.shape} must be (C,) of one query")
-
-    def z(x: np.ndarray) -> np.ndarray:
-        spread = x.std()
-        return (x - x.mean()) / spread if spread > 0 else np.zeros_like(x)
-
-    return weight * z(second) + (1.0 - weight) * z(first)
-
-
 @dataclass
 class Hit:
-    """One retrieved document."""
+    """One retrieved document, with the passage that matched."""
     rank: int  # 1-based
     id: str
-    score: float  # inner product (first stage), the cross-encoder's score, or the fused score
+    score: float  # the order's score: inner product, fused first stage, cross-encoder or fused
     row: int  # the document's row in the index
-    text: str
-    first_stage_score: float | None = None  # the bi-encoder's score when reranked
+    text: str  # the whole document
+    passage: str = ""  # the passage that matched: text[start:end]
+    start: int = 0  # character offsets of the passage in the document
+    end: int = 0
+    passage_row: int = -1  # the passage's row (of vectors.npy)
+    first_stage_score: float | None = None  # the retrieval score when reranked
     rerank_score: float | None = None  # the cross-encoder's score (sigmoid) when reranked
+    dense_score: float | None = None  # hybrid: the document's best inner product
+    bm25_score: float | None = None  # hybrid: the document's best BM25 score
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @dataclass
+class _Candidate:
+    doc: int
+    score: float  # first-stage score (fused under hybrid)
+    passage: int
+    dense: float | None = None
+    lexical: float | None = None
+
+
+@dataclass
 class Searcher:
-    """An index with its query model (and optional reranker) loaded once, for many queries."""
+    """An index with its query model, backend (and optional reranker) loaded once, for many queries."""
 
     index: Index
     engine: Any  # bertkit.inference.Engine of the index's model
     reranker: Any = None  # Engine of a cross-encoder, or None
+    backend: Any = None  # backends.Backend; None = the index's own
     timings: dict[str, float] | None = None
+    bm25: Any = None  # bm25.BM25 over the passages, loaded on the first hybrid query
+    _doc_first: np.ndarray = field(default=None, repr=False)  # (D + 1,) first passage row of each doc
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = self.index.open_backend()
+        docs = self.index.passages[:, 0]
+        self._doc_first = np.searchsorted(docs, np.arange(len(self.index) + 1))  # passages are in doc order
 
     @classmethod
     def open(cls, index_dir: str | os.PathLike, *, model: Any = None, rerank: Any = None,
-             rerank_max_length: int | None = None, **engine_options: Any) -> "Searcher":
+             rerank_max_length: int | None = None, backend_options: dict[str, Any] | None = None,
+             **engine_options: Any) -> "Searcher":
         """model: None (the index's own model dir), a model dir or an Engine, checked against the
         index's fingerprint. rerank: a cross-encoder dir or Engine (task rerank);
-        rerank_max_length: pieces per (query, document) pair (default: `load_reranker`'s)."""
+        rerank_max_length: pieces per (query, passage) pair (default: `load_reranker`'s).
+        backend_options: override the recorded backend settings (e.g. {"url": ...} for Qdrant)."""
         from bertkit.inference import Engine
 
         index = open_index(index_dir)
@@ -168,7 +126,7 @@ class Searcher:
             if rerank_max_length is not None:
                 options["max_length"] = rerank_max_length
             reranker = rerank if isinstance(rerank, Engine) else load_reranker(rerank, **options)
-        return cls(index, engine, reranker)
+        return cls(index, engine, reranker, index.open_backend(**(backend_options or {})))
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         from bertkit.inference import embed
@@ -177,10 +135,95 @@ class Searcher:
         return embed(self.engine, list(queries), pooling=meta["pooling"],
                      normalize=meta["normalize"]).numpy()  # (Q, H)
 
+    # -- first stage -----------------------------------------------------------------------------
+    def dense_documents(self, vectors: np.ndarray, n: int, **search_params: Any) -> list[list[_Candidate]]:
+        """The n best documents of each query by their best passage's inner product.
+
+        vectors: (Q, H) query vectors. Asks the backend for passages until n distinct documents
+        appear (or every passage is in, or an approximate backend has no more)."""
+        total = len(self.index.vectors)
+        pdoc = self.index.passages[:, 0]
+        k = min(total, max(n, 1) * 2)
+        while True:
+            scores, rows = self.backend.search(vectors, k, **search_params)  # (Q, k) each
+            out, more = [], False
+            for q in range(len(vectors)):
+                valid = rows[q] >= 0
+                r, s = rows[q][valid], scores[q][valid]
+                _, first = np.unique(pdoc[r], return_index=True)
+                first = np.sort(first)[:n]  # first sight of each document, in passage order
+                out.append([_Candidate(int(pdoc[r[i]]), float(s[i]), int(r[i])) for i in first])
+                more |= len(first) < n and k < total and bool(valid.all())
+            if not more:
+                return out
+            k = min(total, k * 4)
+
+    def _doc_dense(self, vector: np.ndarray, doc: int) -> tuple[float, int]:
+        """A document's best passage by inner product, exactly: (score, passage row)."""
+        lo, hi = int(self._doc_first[doc]), int(self._doc_first[doc + 1])
+        s = np.asarray(self.index.vectors[lo:hi], dtype=np.float32) @ vector  # (passages,)
+        best = int(np.argmax(s))
+        return float(s[best]), lo + best
+
+    def lexical_documents(self, query: str, n: int) -> tuple[list[_Candidate], np.ndarray, np.ndarray]:
+        """BM25's n best documents by their best passage, with every document's best BM25 score
+        (D,) and its passage row (D,)."""
+        if self.bm25 is None:
+            from bertkit.retrieval.bm25 import BM25
+
+            if not self.index.meta.get("bm25") or not (self.index.path / BM25_DIR).is_dir():
+                raise ValueError(f"index {self.index.path} has no BM25 index for --hybrid; rebuild it "
+                                 "with `bertkit index` (BM25 is built unless --no-bm25)")
+            self.bm25 = BM25.load(self.index.path / BM25_DIR)
+        s = self.bm25.scores(query)  # (P,)
+        pdoc = self.index.passages[:, 0]
+        order = np.lexsort((-s, pdoc))  # by document, best passage first; doc d's group starts at _doc_first[d]
+        has = np.diff(self._doc_first) > 0  # (D,) documents with a passage
+        best = np.full(len(self.index), -1, dtype=np.int64)
+        best[has] = order[self._doc_first[:-1][has]]
+        doc_score = np.where(has, s[np.maximum(best, 0)], -np.inf)  # (D,)
+        top = sorted(np.argsort(-doc_score, kind="stable")[:n].tolist(), key=lambda d: (-doc_score[d], d))
+        return ([_Candidate(d, float(doc_score[d]), int(best[d])) for d in top if has[d]], doc_score, best)
+
+    def first_stage(self, queries: Sequence[str], vectors: np.ndarray, n: int, hybrid: str | None,
+                    **search_params: Any) -> list[list[_Candidate]]:
+        dense = self.dense_documents(vectors, n, **search_params)
+        if hybrid is None:
+            return dense
+        out = []
+        for q, query in enumerate(queries):
+            lexical, doc_score, best = self.lexical_documents(query, n)
+            by_doc = {c.doc: c for c in dense[q]}
+            for c in dense[q]:
+                c.dense, c.lexical = c.score, float(doc_score[c.doc])
+            for c in lexical:
+                if c.doc not in by_doc:
+                    d_score, _ = self._doc_dense(vectors[q], c.doc)
+                    by_doc[c.doc] = _Candidate(c.doc, 0.0, c.passage, d_score, c.score)
+            docs = list(by_doc)
+            if hybrid == "rrf":
+                fused = rrf([[c.doc for c in dense[q]], [c.doc for c in lexical]])
+                scores = np.array([fused[d] for d in docs])
+            else:
+                scores = fuse_scores(np.array([by_doc[d].dense for d in docs]),
+                                     np.array([by_doc[d].lexical for d in docs]), 0.5)
+            order = sorted(range(len(docs)), key=lambda i: (-scores[i], docs[i]))[:n]
+            for i in order:
+                by_doc[docs[i]].score = float(scores[i])
+            out.append([by_doc[docs[i]] for i in order])
+        return out
+
     def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
-               rerank_weight: float = 1.0, budget: int = DEFAULT_BUDGET) -> list[list[Hit]]:
+               rerank_weight: float = 1.0, hybrid: str | None = None, ef: int | None = None,
+               nprobe: int | None = None, vectors: np.ndarray | None = None) -> list[list[Hit]]:
         """The best `top_k` documents per query (reranked from `candidates` with a reranker;
-        rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score)."""
+        rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score).
+
+        hybrid: None (dense only), "rrf" or "zscore" (dense and BM25 fused over the union of each
+        one's `candidates` best documents; zscore weighs the two equally). ef / nprobe: the
+        FAISS search settings (default: those recorded at build time). vectors: the queries'
+        (Q, H) vectors when the caller embedded them already (a service batching the index's model
+        with its other requests); None embeds them here."""
         import torch
 
         from bertkit.inference.common import as_texts
@@ -188,6 +231,8 @@ class Searcher:
         queries = as_texts(queries, "query")
         if top_k < 1 or candidates < 1:
             raise ValueError(f"top_k ({top_k}) and candidates ({candidates}) must be positive")
+        if hybrid is not None and hybrid not in HYBRID:
+            raise ValueError(f"unknown hybrid fusion {hybrid!r}; choose one of {', '.join(HYBRID)}")
         check_rerank_weight(rerank_weight)
         if self.reranker is None and rerank_weight != 1.0:
             raise ValueError(f"rerank weight {rerank_weight} mixes a reranker's scores in, but this "
@@ -195,29 +240,47 @@ class Searcher:
         if self.reranker is not None and candidates < top_k:
             raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
                              "order what the first stage found; raise --candidates")
-        first = candidates if self.reranker is not None else top_k
+        params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe)) if v is not None}
+        first = candidates if self.reranker is not None or hybrid is not None else top_k
         tick = time.perf_counter()
-        vectors = self.embed_queries(queries)
-        scores, rows = top_k_inner_product(self.index.vectors, vectors, first, budget=budget)
+        if vectors is None:
+            vectors = self.embed_queries(queries)
+        elif np.shape(vectors) != (len(queries), self.index.meta["dim"]):
+            raise ValueError(f"vectors {np.shape(vectors)} must be (queries {len(queries)}, {self.index.meta['dim']})")
+        found = self.first_stage(queries, vectors, first, hybrid, **params)
         timings = {"retrieve_ms": (time.perf_counter() - tick) * 1000, "rerank_ms": 0.0}
         out = []
-        for qi, query in enumerate(queries):
-            docs = self.index.documents(rows[qi].tolist())
+        for query, cands in zip(queries, found):
             if self.reranker is None:
-                out.append([Hit(r + 1, d["id"], float(s), int(row), d["text"])
-                            for r, (s, row, d) in enumerate(zip(scores[qi], rows[qi], docs))])
+                out.append(self._hits(cands[:top_k], [c.score for c in cands[:top_k]]))
                 continue
+            hits = self._hits(cands, [c.score for c in cands])
             tick = time.perf_counter()
-            logits = rerank_logits(self.reranker, query, [d["text"] for d in docs])  # (C,)
+            logits = rerank_logits(self.reranker, query, [h.passage for h in hits])  # (C,)
             timings["rerank_ms"] += (time.perf_counter() - tick) * 1000
             probs = torch.from_numpy(logits).sigmoid().numpy()  # (C,) rerank()'s own float32 scores
-            final = probs if rerank_weight == 1.0 else fuse_scores(scores[qi], logits, rerank_weight)
-            order = sorted(range(len(docs)), key=lambda i: (-final[i], i))[:top_k]
-            out.append([Hit(r + 1, docs[i]["id"], float(final[i]), int(rows[qi][i]), docs[i]["text"],
-                            float(scores[qi][i]), float(probs[i]))
-                        for r, i in enumerate(order)])
+            firsts = np.array([c.score for c in cands])
+            final = probs if rerank_weight == 1.0 else fuse_scores(firsts, logits, rerank_weight)
+            order = sorted(range(len(hits)), key=lambda i: (-final[i], i))[:top_k]
+            ranked = []
+            for r, i in enumerate(order):
+                h = hits[i]
+                h.rank, h.score = r + 1, float(final[i])
+                h.first_stage_score, h.rerank_score = float(firsts[i]), float(probs[i])
+                ranked.append(h)
+            out.append(ranked)
         self.timings = timings
         return out
+
+    def _hits(self, cands: list[_Candidate], scores: Sequence[float]) -> list[Hit]:
+        docs = self.index.documents([c.doc for c in cands])
+        hits = []
+        for r, (c, s, d) in enumerate(zip(cands, scores, docs)):
+            _, start, end = (int(x) for x in self.index.passages[c.passage])
+            end = len(d["text"]) if end < 0 else end
+            hits.append(Hit(r + 1, d["id"], float(s), c.doc, d["text"], d["text"][start:end], start, end,
+                            c.passage, dense_score=c.dense, bm25_score=c.lexical))
+        return hits
 
 
 def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
@@ -239,7 +302,10 @@ def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
 
 def search(index_dir: str | os.PathLike, queries: str | Sequence[str], *, top_k: int = 10,
            candidates: int = 100, model: Any = None, rerank: Any = None, rerank_weight: float = 1.0,
-           **engine_options: Any) -> list[list[Hit]]:
+           hybrid: str | None = None, ef: int | None = None, nprobe: int | None = None,
+           backend_options: dict[str, Any] | None = None, **engine_options: Any) -> list[list[Hit]]:
     """One-shot search: open the index (and models), answer `queries`; see `Searcher`."""
-    searcher = Searcher.open(index_dir, model=model, rerank=rerank, **engine_options)
-    return searcher.search(queries, top_k=top_k, candidates=candidates, rerank_weight=rerank_weight)
+    searcher = Searcher.open(index_dir, model=model, rerank=rerank, backend_options=backend_options,
+                             **engine_options)
+    return searcher.search(queries, top_k=top_k, candidates=candidates, rerank_weight=rerank_weight,
+                           hybrid=hybrid, ef=ef, nprobe=nprobe)
