@@ -220,6 +220,23 @@ class EncoderLayer(nn.Module):
         y = y.view(batch * length, -1) if padding is None else padding.unpad(y)  # (N, H)
         return self.feed_forward(x, y)
 
+    def explicit(self, x: torch.Tensor, batch: int, length: int, keys: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward` with the attention weights written out (the explorer's trace): x (B*T, H),
+        keys (B, 1, 1, T) bool or None → scores (B, nh, T, T) before any mask, probabilities
+        (the window and the padding applied), and the layer's output (B*T, H)."""
+        qkv = self.rotated(self.qkv(self.attn_norm(x)).view(batch, length, -1),
+                           torch.arange(length, device=x.device))  # (B, T, 3H)
+        q, k, v = qkv.view(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = q @ k.transpose(-1, -2) * self.head_dim ** -0.5  # (B, nh, T, T)
+        mask = keys
+        if self.half_window is not None:
+            band = band_mask(length, self.half_window, x.device)[None, None]  # (1, 1, T, T)
+            mask = band if mask is None else mask & band
+        probs = (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
+        y = (probs @ v).transpose(1, 2).reshape(batch * length, -1)  # (B*T, H)
+        return scores, probs, self.feed_forward(x, y)
+
     def forward_packed(self, x: torch.Tensor, packed: Packed) -> torch.Tensor:
         """x: (N, H) packed sequences → (N, H); attention never sees another sequence."""
         qkv = self.rotated(fused.linear(self.qkv, self.attn_norm(x)), packed.position_ids)  # (N, 3H)
