@@ -368,8 +368,9 @@ class BertModel(PretrainedMixin, nn.Module):
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
         if self.final_norm is not None:  # ModernBERT: every layer whole, then the final norm
+            rope = modern.rope_tables(self.layers, torch.arange(length, device=x.device))  # once, not per layer
             for layer in self.layers:
-                x = layer(x, padding, batch, length)  # (N, H)
+                x = layer(x, padding, batch, length, rope[layer.layer_type])  # (N, H)
             x = self.final_norm(x)
             hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
             return BertOutput(last_hidden_state=hidden[:, :1] if first_only else hidden, pooler_output=None)
@@ -398,8 +399,9 @@ class BertModel(PretrainedMixin, nn.Module):
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
         if self.final_norm is not None:  # ModernBERT: every layer whole, then the final norm
+            rope = modern.rope_tables(self.layers, packed.position_ids)  # once, not per layer
             for layer in self.layers:
-                x = layer.forward_packed(x, packed)  # (N, H)
+                x = layer.forward_packed(x, packed, rope[layer.layer_type])  # (N, H)
             x = self.final_norm(x)
             return PackedOutput(hidden=x[packed.starts] if first_only else x, pooler_output=None)
         for i in (self.schedule[:-1] if first_only else self.schedule):

@@ -81,18 +81,39 @@ def inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
 
 
 def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (...,) long → cos, sin (..., hs) fp32; the two halves repeat the frequencies."""
+    """positions (...,) long → cos, sin (..., hs / 2) fp32. The reference repeats the frequencies
+    over both halves of the head (cat(freqs, freqs)); one half is kept, as both are equal."""
     freqs = positions[..., None].float() * inv_freq.to(positions.device)  # (..., hs/2)
-    angles = torch.cat((freqs, freqs), dim=-1)  # (..., hs)
-    return angles.cos(), angles.sin()
+    return freqs.cos(), freqs.sin()
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x · cos + rotate_half(x) · sin in fp32, back in x's dtype. x (..., hs); cos, sin broadcast."""
-    x32 = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)  # rotate_half
-    return (x32 * cos + rotated * sin).to(x.dtype)
+def rope_tables(layers, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """cos, sin of `positions` for each layer type of `layers` (made once per forward, not per layer)."""
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for layer in layers:
+        if layer.layer_type not in tables:
+            tables[layer.layer_type] = rotary_tables(positions, layer.inv_freq)
+    return tables
+
+
+def rotate_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """(..., 3H) fused projections → a new (..., 3H) with Q and K rotated, V copied.
+
+    cos, sin: (..., hs / 2) fp32, one row per position. With x = (x1, x2) the two halves of a head,
+    rotate_half(x) = (−x2, x1), so x · cos + rotate_half(x) · sin = (x1·c − x2·s, x2·c + x1·s):
+    the reference's products and sums, in fp32 as there, without its concatenations.
+    """
+    shape = qkv.shape
+    parts = qkv.view(*shape[:-1], 3, heads, -1)  # (..., 3, nh, hs)
+    half = parts.shape[-1] // 2
+    out = torch.empty_like(parts)
+    qk = parts[..., :2, :, :].float()  # (..., 2, nh, hs); a view when already fp32
+    x1, x2 = qk[..., :half], qk[..., half:]
+    c, s = cos[..., None, None, :], sin[..., None, None, :]  # (..., 1, 1, hs/2)
+    out[..., :2, :, :half] = x1 * c - x2 * s
+    out[..., :2, :, half:] = x2 * c + x1 * s
+    out[..., 2, :, :] = parts[..., 2, :, :]
+    return out.view(shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,19 +218,20 @@ class EncoderLayer(nn.Module):
         self.out_dropout = ops.Dropout(config.attention_probs_dropout_prob)
         self.mlp_dropout = ops.Dropout(config.hidden_dropout_prob)
 
-    def rotated(self, qkv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(..., 3H) projections and (...,) positions → the same with Q and K rotated (a new tensor)."""
-        shape = qkv.shape
-        q, k, v = qkv.view(*shape[:-1], 3, self.num_heads, self.head_dim).unbind(-3)  # (..., nh, hs)
-        cos, sin = rotary_tables(positions, self.inv_freq)  # (..., hs)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (..., 1, hs) broadcast over heads
-        return torch.stack((rotate(q, cos, sin), rotate(k, cos, sin), v), dim=-3).view(shape)
+    def rotated(self, qkv: torch.Tensor, positions: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """(..., 3H) projections and (...,) positions → the same with Q and K rotated (a new tensor).
+        rope: this layer type's (cos, sin) of the positions when the caller made them (`rope_tables`)."""
+        cos, sin = rope if rope is not None else rotary_tables(positions, self.inv_freq)
+        return rotate_qk(qkv, cos, sin, self.num_heads)
 
-    def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int) -> torch.Tensor:
-        """x: (N, H) real tokens (B*T without padding) → (N, H); attention in the padded layout."""
+    def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: (N, H) real tokens (B*T without padding) → (N, H); attention in the padded layout.
+        rope: (cos, sin) (T, hs/2) of positions 0..T-1 for this layer's type, or None to make them."""
         qkv = fused.linear(self.qkv, self.attn_norm(x))  # (N, 3H)
         qkv = qkv.view(batch, length, -1) if padding is None else padding.pad(qkv)  # (B, T, 3H)
-        qkv = self.rotated(qkv, torch.arange(length, device=x.device))
+        qkv = self.rotated(qkv, torch.arange(length, device=x.device), rope)
         q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)
                    .permute(2, 0, 3, 1, 4).unbind(0))  # (B, nh, T, hs) each
         mask = None if padding is None else padding.key_mask  # (B, 1, 1, T)
@@ -227,7 +249,7 @@ class EncoderLayer(nn.Module):
         keys (B, 1, 1, T) bool or None → scores (B, nh, T, T) before any mask, probabilities
         (the window and the padding applied), and the layer's output (B*T, H)."""
         qkv = self.rotated(self.qkv(self.attn_norm(x)).view(batch, length, -1),
-                           torch.arange(length, device=x.device))  # (B, T, 3H)
+                           torch.arange(length, device=x.device), None)  # (B, T, 3H)
         q, k, v = qkv.view(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         scores = q @ k.transpose(-1, -2) * self.head_dim ** -0.5  # (B, nh, T, T)
         mask = keys
@@ -238,9 +260,11 @@ class EncoderLayer(nn.Module):
         y = (probs @ v).transpose(1, 2).reshape(batch * length, -1)  # (B*T, H)
         return scores, probs, self.feed_forward(x, y)
 
-    def forward_packed(self, x: torch.Tensor, packed: Packed) -> torch.Tensor:
-        """x: (N, H) packed sequences → (N, H); attention never sees another sequence."""
-        qkv = self.rotated(fused.linear(self.qkv, self.attn_norm(x)), packed.position_ids)  # (N, 3H)
+    def forward_packed(self, x: torch.Tensor, packed: Packed,
+                       rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: (N, H) packed sequences → (N, H); attention never sees another sequence.
+        rope: (cos, sin) (N, hs/2) of packed.position_ids for this layer's type, or None."""
+        qkv = self.rotated(fused.linear(self.qkv, self.attn_norm(x)), packed.position_ids, rope)  # (N, 3H)
         if self.half_window is None or max(packed.lengths) <= self.half_window + 1:
             y = packed.attend(self, qkv)  # (N, H): global, or every sequence inside one window
         elif qkv.device.type == "cuda" and qkv.dtype in (torch.float16, torch.bfloat16):
@@ -293,5 +317,6 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
                 nn.init.zeros_(linear.bias)
 
 
-__all__ = ["Embeddings", "EncoderLayer", "PredictionHead", "local_attention", "rotary_tables", "rotate",
+__all__ = ["Embeddings", "EncoderLayer", "PredictionHead", "local_attention", "rotary_tables", "rope_tables",
+           "rotate_qk",
            "init_weights", "QUERY_BLOCK"]
