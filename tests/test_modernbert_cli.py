@@ -77,8 +77,9 @@ def test_embed_equals_transformers_and_sentence_transformers(mlm_dir, tmp_path):
     assert float((mine - theirs).abs().max()) <= TOL
 
 
-def test_long_inputs_run_whole_and_alone_equals_batched(mlm_dir):
-    """An 8,192-token text: no windows, no truncation, the same vector alone and in a batch."""
+def test_long_inputs_run_whole_and_alone_equals_batched(mlm_dir, tmp_path):
+    """An 8,192-token text: no windows, cut only at the model's limit, the same vector (and the same
+    class probabilities) alone and in a batch."""
     engine = Engine.load(mlm_dir, use="embed")
     assert engine.max_length == 8192
     long = " ".join(TEXTS * 700)
@@ -86,6 +87,10 @@ def test_long_inputs_run_whole_and_alone_equals_batched(mlm_dir):
     alone = embed(engine, [long], normalize=False)
     batched = embed(engine, ["short one", long, TEXTS[0]], normalize=False)
     assert float((batched[1] - alone[0]).abs().max()) <= TOL
+    classifier = make_modernbert(tmp_path / "cls", kind="ForSequenceClassification", num_labels=2)
+    one = classify(classifier, [long])[0]["scores"]
+    many = classify(classifier, [TEXTS[1], long])[1]["scores"]
+    assert max(abs(one[k] - many[k]) for k in one) <= TOL
 
 
 def test_classify_and_rerank_equal_transformers(tmp_path):
