@@ -30,7 +30,9 @@ read as the oracle; the tests compare against it):
 - Dropout: embedding_dropout after the embedding norm, attention_dropout on the probabilities and
   on Wo's output, mlp_dropout (BertConfig.hidden_dropout_prob) inside the GeGLU.
 - Initialisation follows the reference's truncated normals: σ = initializer_range for Wqkv, Wi and
-  the embeddings, σ / √(2L) for the output projections (Wo of attention and MLP), cut at ±2σ.
+  the embeddings, σ / √(2L) for the output projections (Wo of attention and MLP), cut at ±2σ. The
+  heads differ on purpose, for one code path with BERT's: their dense layers and classifiers start
+  at σ (the reference: σ / √(2L) and H^-0.5); only a model trained from scratch sees it.
 
 Dimension letters: B batch, T sequence length, N packed real tokens, H hidden, nh heads, hs head
 size, I GeGLU width, w half window (local_attention // 2), C query block, W = C + 2w keys a block sees.
