@@ -12,6 +12,18 @@ Prints sequences/s and real tokens/s per side and, last, the ratios (ours / tran
 --family builds the family's base size (RoBERTa: BERT-base with RoBERTa's positions and one
 segment; ALBERT: the albert-base preset, 12 shared layers; DistilBERT: 6 layers of 768) and
 compares against the matching transformers model (AutoModel on the saved directory).
+
+    python bench/encoder.py --family modernbert [--size base|mini] [--mixed-batch 8]
+    python bench/encoder.py --family modernbert --long 512,2048,8192   # cost per token by length
+    python bench/encoder.py --family modernbert --sweep-blocks 32,64,128,256
+
+ModernBERT's workloads are its own: fixed 32 × 512, and mixed lengths 64..8,192 (batches of
+--mixed-batch, padding to the longest on the transformers side). bertkit runs them as its engine
+does, packed without padding (`forward_packed`, sequences sorted by length as the engine sorts
+them), against transformers' ModernBertModel (sdpa) on the same random weights. --size base is
+ModernBERT-base's shape (22 layers of 768, GeGLU 1152, vocab 50,368), mini the modern-mini preset
+with that vocabulary. --long times one sequence of each length alone (µs per token), --sweep-blocks
+the packed sliding-window kernel's query block against a full (T, T) band-masked SDPA.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import transformers
 
 from bertkit.config import BertConfig
 from bertkit.model import BertModel
+from bertkit.packing import Packed
 
 
 def fixed_batches(n: int, batch: int, length: int, vocab: int, g: torch.Generator):
@@ -49,6 +62,77 @@ FAMILIES = {  # family: (preset, overrides) for a base-sized model of that famil
     "albert": ("albert-base", {}),
     "distilbert": ("base", {"model_type": "distilbert", "num_hidden_layers": 6}),
 }
+MODERN_SIZES = {  # ModernBERT-base's shape (Warner et al. 2024, table 5), and the modern-mini preset
+    "base": dict(model_type="modernbert", num_hidden_layers=22, hidden_size=768, num_attention_heads=12,
+                 intermediate_size=1152, vocab_size=50368, pad_token_id=50283),
+    "mini": dict(model_type="modernbert", num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                 intermediate_size=686, vocab_size=50368, pad_token_id=50283),
+}
+
+
+class Packing(torch.nn.Module):
+    """bertkit's engine path over a padded batch: real tokens sorted by length, packed end to end."""
+
+    def __init__(self, model: BertModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, **_):
+        lengths = attention_mask.sum(1)
+        order = lengths.argsort(descending=True, stable=True)
+        real = attention_mask[order].bool()
+        ids = input_ids[order][real]  # (N,)
+        return self.model.forward_packed(ids, torch.zeros_like(ids), Packed.from_lengths(lengths[order].tolist()))
+
+
+def long_costs(model: BertModel, lengths: list[int], vocab: int, repeats: int) -> None:
+    """µs per token of one sequence alone at each length (packed path). The lengths take turns,
+    `repeats` rounds after a warm-up round, and each keeps its best: a busy machine slows them alike."""
+    g = torch.Generator().manual_seed(3)
+    inputs = {n: torch.randint(1000, vocab, (n,), generator=g) for n in lengths}
+    best = {n: float("inf") for n in lengths}
+    with torch.no_grad():
+        for round_ in range(repeats + 1):
+            for n, ids in inputs.items():
+                start = time.perf_counter()
+                model.forward_packed(ids, torch.zeros_like(ids), Packed.from_lengths([n]))
+                if round_:  # round 0 warms up
+                    best[n] = min(best[n], time.perf_counter() - start)
+    for n in lengths:
+        print(f"length {n:5d}: {best[n]:8.3f} s  {1e6 * best[n] / n:8.1f} µs/token  "
+              f"({best[n] / n / (best[lengths[0]] / lengths[0]):.2f}x the first length's per token)")
+
+
+def sweep_blocks(blocks: list[int], length: int, config: BertConfig, repeats: int) -> None:
+    """The packed sliding-window kernel at each query block size against SDPA over the whole
+    (T, T) score matrix with a band mask, on one `length`-token sequence of one layer's shape."""
+    from bertkit.modern import band_mask, local_attention
+
+    g = torch.Generator().manual_seed(4)
+    nh, hs, half = config.num_attention_heads, config.head_dim, config.local_attention // 2
+    q, k, v = (torch.randn(length, nh, hs, generator=g) for _ in range(3))
+    index = torch.zeros(length, dtype=torch.long)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    def dense():
+        mask = band_mask(length, half, q.device)
+        torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                         attn_mask=mask)
+
+    with torch.no_grad():
+        full = best(dense)
+        print(f"{length} tokens, {nh} heads × {hs}, window ±{half}: full band-masked SDPA {1e3 * full:8.2f} ms")
+        for block in blocks:
+            seconds = best(lambda: local_attention(q, k, v, index, half, block))  # noqa: B023
+            print(f"  query block {block:4d}: {1e3 * seconds:8.2f} ms  ({full / seconds:5.1f}x the full matrix)")
 
 
 @torch.no_grad()
@@ -69,29 +153,56 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="batches per workload and side")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats (best kept)")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--family", choices=sorted(FAMILIES), default="bert",
+    parser.add_argument("--family", choices=sorted([*FAMILIES, "modernbert"]), default="bert",
                         help="model family (default bert; others are base-sized, see above)")
+    parser.add_argument("--size", choices=sorted(MODERN_SIZES), default="base", help="ModernBERT's size")
+    parser.add_argument("--mixed-batch", type=int, default=32, help="ModernBERT's mixed batch size (32)")
+    parser.add_argument("--long", help="comma-separated lengths: time one sequence alone at each")
+    parser.add_argument("--sweep-blocks", help="comma-separated query blocks of the sliding-window kernel")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
-    preset, overrides = FAMILIES[args.family]
-    config = BertConfig.preset(preset or args.model, hidden_dropout_prob=0.0,
-                               attention_probs_dropout_prob=0.0, **overrides)
+    if args.family == "modernbert":
+        preset, overrides = None, {}
+        config = BertConfig.from_dict(MODERN_SIZES[args.size])
+    else:
+        preset, overrides = FAMILIES[args.family]
+        config = BertConfig.preset(preset or args.model, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0, **overrides)
+    if args.sweep_blocks:
+        sweep_blocks([int(b) for b in args.sweep_blocks.split(",")], 8192, config, args.repeats)
+        return
     ours = BertModel(config).eval()
+    if args.long:
+        print(f"{args.family} {args.size if args.family == 'modernbert' else preset or args.model}: "
+              f"{sum(p.numel() for p in ours.parameters()):,} parameters, fp32, {torch.get_num_threads()} threads")
+        long_costs(ours, [int(n) for n in args.long.split(",")], config.vocab_size, args.repeats)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         ours.save_pretrained(tmp)
         peer = transformers.AutoModel.from_pretrained(tmp, attn_implementation="sdpa").eval()
-    drop = ("token_type_ids",) if config.model_type == "distilbert" else ()
-    print(f"model {preset or args.model} ({config.model_type}, {type(peer).__name__} on the peer side): "
+    drop = ("token_type_ids",) if config.model_type in ("distilbert", "modernbert") else ()
+    name = args.size if args.family == "modernbert" else preset or args.model
+    print(f"model {name} ({config.model_type}, {type(peer).__name__} on the peer side): "
           f"{sum(p.numel() for p in ours.parameters()):,} parameters, fp32, {torch.get_num_threads()} threads")
 
-    workloads = {
-        "fixed 32x128": list(fixed_batches(args.batches, 32, 128, config.vocab_size, torch.Generator().manual_seed(1))),
-        "mixed 8..256": list(mixed_batches(args.batches * 2, 32, 8, 256, config.vocab_size,
-                                           torch.Generator().manual_seed(2), config.pad_token_id)),
-    }
+    if args.family == "modernbert":
+        ours = Packing(ours)
+        workloads = {
+            "fixed 32x512": list(fixed_batches(args.batches, 32, 512, config.vocab_size,
+                                               torch.Generator().manual_seed(1))),
+            "mixed 64..8192": list(mixed_batches(args.batches, args.mixed_batch, 64, 8192, config.vocab_size,
+                                                 torch.Generator().manual_seed(2), config.pad_token_id)),
+        }
+    else:
+        workloads = {
+            "fixed 32x128": list(fixed_batches(args.batches, 32, 128, config.vocab_size,
+                                               torch.Generator().manual_seed(1))),
+            "mixed 8..256": list(mixed_batches(args.batches * 2, 32, 8, 256, config.vocab_size,
+                                               torch.Generator().manual_seed(2), config.pad_token_id)),
+        }
     ratios = {}
     for name, batches in workloads.items():
         timed(ours, batches[:1], drop), timed(peer, batches[:1], drop)  # warm-up

@@ -29,6 +29,12 @@ is `lm_head.{dense,layer_norm,bias}`; DistilBERT's layers are
 `transformer.layer.i.{attention.{q,k,v,out}_lin, sa_layer_norm, ffn.lin1, ffn.lin2,
 output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,projector}`. Task heads keep
 their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
+ModernBERT's encoder sits under `model.`: `embeddings.tok_embeddings` is the word table, layer i
+is `layers.i.{attn.Wqkv (fused already), attn.Wo, attn_norm, mlp.Wi, mlp.Wo, mlp_norm}`, then
+`final_norm`; every head starts with `head.{dense,norm}` (the MLM head's transform and norm, or a
+task head's own prediction head), the MLM bias is `decoder.bias`, and the QA head is `classifier`.
+One disk name serving two memory names (`head.dense` is `mlm.transform` or a classifier's
+`head.dense`; `classifier` is `qa_outputs` under QA) resolves to the one the model has (`aliases`).
 
 Real checkpoints also carry TF-era `gamma`/`beta` LayerNorm names, `position_ids` buffers, no
 `bert.` prefix (a bare encoder loaded under a head) or one too many (a pre-training checkpoint
@@ -94,6 +100,8 @@ class NameMap:
     outer: tuple[tuple[str, str], ...]  # (ours, theirs) outside the layers: embeddings, pooler, heads
     ignored: str  # regex of tensors real checkpoints carry that no model needs (buffers, tied decoder)
     decoder_bias: tuple[str, str] | None = None  # (MLM bias, the legacy decoder.bias it may hide as)
+    # (memory name, other memory name) prefixes of one disk tensor: loading takes the one the model has
+    aliases: tuple[tuple[str, str], ...] = ()
 
 
 _BERT_LAYER_PARTS = (("attn_out.", "attention.output.dense."), ("attn_norm.", "attention.output.LayerNorm."),
@@ -138,6 +146,14 @@ NAME_MAPS: dict[str, NameMap] = {
         outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("mlm.transform.", "vocab_transform."),
                ("mlm.norm.", "vocab_layer_norm."), ("mlm.bias", "vocab_projector.bias")),
         ignored=r"^vocab_projector\.weight$"),
+    "modernbert": NameMap(
+        prefix="model.", base_roots=("embeddings.", "layers.", "final_norm."), layer=r"layers\.(\d+)\.",
+        qkv=(), layer_parts=(("qkv.", "attn.Wqkv."), ("attn_out.", "attn.Wo."), ("attn_norm.", "attn_norm."),
+                             ("ffn_in.", "mlp.Wi."), ("ffn_out.", "mlp.Wo."), ("ffn_norm.", "mlp_norm.")),
+        outer=(("embeddings.word_embeddings.", "embeddings.tok_embeddings."), ("mlm.transform.", "head.dense."),
+               ("mlm.norm.", "head.norm."), ("mlm.bias", "decoder.bias"), ("qa_outputs.", "classifier.")),
+        ignored=r"^decoder\.weight$",
+        aliases=(("mlm.transform.", "head.dense."), ("mlm.norm.", "head.norm."), ("qa_outputs.", "classifier."))),
 }
 _OUR_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
 
@@ -174,7 +190,7 @@ def to_hf_state_dict(state: dict[str, torch.Tensor], config: BertConfig | None =
         layer = _OUR_LAYER.match(rest)
         if layer:
             stem, part = _layer_stem(int(layer.group(1)), config), layer.group(2)
-            if part in ("qkv.weight", "qkv.bias"):
+            if part in ("qkv.weight", "qkv.bias") and names.qkv:
                 kind = part[4:]
                 for proj, chunk in zip(names.qkv, tensor.chunk(3, dim=0)):
                     out[f"{prefix}{stem}{proj}.{kind}"] = chunk.contiguous()
@@ -190,6 +206,8 @@ def _normalise_legacy(name: str, names: NameMap) -> str:
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
     for wrapper in ("model.", "module."):  # DDP / other wrappers that prefix every key
+        if wrapper == names.prefix:  # ModernBERT's own encoder prefix
+            continue
         if name.startswith(wrapper + names.prefix) or name.startswith(wrapper + "embeddings."):
             name = name[len(wrapper):]
     return name
@@ -217,7 +235,8 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], *, has_base_prefix: bool,
             state[bias] = state[legacy]
     ignored = re.compile(r"(^|\.)position_ids$|" + names.ignored)
     layer_pattern = re.compile("^" + names.layer + "(.*)$")
-    qkv_pattern = re.compile("^(" + "|".join(re.escape(p) for p in names.qkv) + r")\.(weight|bias)$")
+    qkv_pattern = re.compile("^(" + "|".join(re.escape(p) for p in names.qkv) + r")\.(weight|bias)$"
+                             if names.qkv else r"(?!)")
     inner = config.inner_group_num if config is not None and config.model_type == "albert" else None
 
     out: dict[str, torch.Tensor] = {}
@@ -305,6 +324,7 @@ def check_weights(model_dir: str | os.PathLike, model: torch.nn.Module) -> None:
     converted = from_hf_state_dict({n: torch.empty(s, device="meta") for n, s in shapes.items()},
                                    has_base_prefix=hasattr(model, "bert"), config=model.config)
     own = model.state_dict()
+    converted = resolve_aliases(converted, own, model.config)
     for name, tensor in converted.items():
         if name in own and tuple(own[name].shape) != tuple(tensor.shape):
             hf_name = next(iter(to_hf_state_dict({name: own[name]}, model.config)))
@@ -326,12 +346,31 @@ def _check_readable(path: Path) -> None:
                               "directory") from None
 
 
+def resolve_aliases(converted: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
+                    config: BertConfig) -> dict[str, torch.Tensor]:
+    """Rename a converted tensor the model lacks to its alias the model has (`NameMap.aliases`)."""
+    pairs = name_map(config).aliases
+    if not pairs:
+        return converted
+    out = {}
+    for name, tensor in converted.items():
+        if name not in own:
+            for a, b in pairs + tuple((b, a) for a, b in pairs):
+                for head in ("", "bert."):
+                    if name.startswith(head + a) and head + b + name[len(head + a):] in own:
+                        name = head + b + name[len(head + a):]
+                        break
+        out[name] = tensor
+    return out
+
+
 def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
     """Copy Hugging Face–named tensors into `model`; report what was missing or unused."""
     has_prefix = hasattr(model, "bert")
     config = model.config
     converted = from_hf_state_dict(state, has_base_prefix=has_prefix, config=config)
     own = model.state_dict()
+    converted = resolve_aliases(converted, own, config)
     for name, tensor in converted.items():
         if name in own and own[name].shape != tensor.shape:
             hf_name = next(iter(to_hf_state_dict({name: own[name]}, config)))

@@ -1,12 +1,20 @@
 """BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
 
 One config describes every family the encoder implements (`model_type`): `bert`, `roberta`,
-`albert` and `distilbert`. The family differences are fields with Hugging Face's names:
+`albert`, `distilbert` and `modernbert`. The family differences are fields with Hugging Face's names:
 `embedding_size`, `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
 positions start after it), `type_vocab_size` (1 for RoBERTa); DistilBERT's own key names (`dim`,
 `n_layers`, `n_heads`, `hidden_dim`, `activation`, `dropout`, `attention_dropout`,
 `seq_classif_dropout`) are read into the BERT fields and written back under its names, and
 ALBERT's `classifier_dropout_prob` is `classifier_dropout`.
+
+ModernBERT's keys (`hidden_activation`, `norm_eps`, `attention_dropout`, `mlp_dropout`) are read
+into the BERT fields and written back under its names; its own settings (`layer_types`,
+`local_attention`, `rope_parameters`, the bias switches, `classifier_pooling`, ...) are fields
+with its names. Both config formats load: released checkpoints carry `global_attn_every_n_layers`,
+`global_rope_theta` and `local_rope_theta`, which become `layer_types` and `rope_parameters`, the
+format the installed transformers (5.x) reads and writes, and the one written here. Options the
+encoder does not implement are refused naming the key (`check_modernbert`).
 
 Any BERT `config.json` loads: the architecture fields become attributes, task fields (`id2label`,
 `label2id`, `problem_type`, `classifier_dropout`) are understood, and everything else the file
@@ -40,6 +48,8 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
     "albert-base": (12, 768, 12),
+    "modern-tiny": (2, 128, 2),
+    "modern-mini": (4, 256, 4),
 }
 # Family fields of the presets that are not BERT. albert-base is ALBERT-base (Lan et al. 2020,
 # table 1): E = 128 factorised embeddings, all 12 layers sharing one set of weights, ~12M
@@ -48,11 +58,20 @@ PRESET_FIELDS: dict[str, dict[str, Any]] = {
     "albert-base": dict(model_type="albert", embedding_size=128, num_hidden_groups=1, inner_group_num=1,
                         vocab_size=30000, hidden_act="gelu_new", hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0),
+    # ModernBERT-style (Warner et al. 2024): rotary positions, GeGLU, no biases, pre-LN, a global
+    # layer every third with a 128-token window in the others, 8,192 positions. Each has the depth,
+    # width and heads of tiny / mini and their encoder parameters (tiny 396,544 exactly; mini
+    # 3,158,016 against 3,159,040): the GeGLU width I makes up for the biases it lacks (`bench/modern_recipe.py`).
+    "modern-tiny": dict(model_type="modernbert", intermediate_size=345, max_position_embeddings=8192,
+                        pad_token_id=0),
+    "modern-mini": dict(model_type="modernbert", intermediate_size=686, max_position_embeddings=8192,
+                        pad_token_id=0),
 }
 
-FAMILIES = ("bert", "roberta", "albert", "distilbert")
+FAMILIES = ("bert", "roberta", "albert", "distilbert", "modernbert")
 # transformers' class names of each family: BertModel, RobertaForMaskedLM, DistilBertFor…
-CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
+CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert",
+                  "modernbert": "ModernBert"}
 # DistilBERT's config.json keys → the BERT fields they are.
 DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
                    "hidden_dim": "intermediate_size", "activation": "hidden_act",
@@ -60,6 +79,26 @@ DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_hea
                    "seq_classif_dropout": "classifier_dropout"}
 # Fields DistilBERT has no key for: fixed by its architecture, so not written to its config.json.
 _DISTILBERT_FIXED = {"type_vocab_size": 1, "layer_norm_eps": 1e-12, "position_embedding_type": "absolute"}
+# ModernBERT's config.json keys → the BERT fields they are (its mlp_dropout is the dropout inside
+# the feed-forward, where BERT's hidden_dropout_prob acts on the sub-layer outputs).
+MODERNBERT_KEYS = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
+                   "attention_dropout": "attention_probs_dropout_prob", "mlp_dropout": "hidden_dropout_prob"}
+# transformers' ModernBertConfig defaults (5.24), for keys a ModernBERT config.json leaves out.
+_MODERNBERT_DEFAULTS = dict(
+    vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12,
+    hidden_act="gelu", max_position_embeddings=8192, initializer_range=0.02, layer_norm_eps=1e-5,
+    pad_token_id=50283, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, embedding_dropout=0.0,
+    local_attention=128, attention_bias=False, mlp_bias=False, norm_bias=False, decoder_bias=True,
+    classifier_bias=False, classifier_activation="gelu", classifier_pooling="cls", classifier_dropout=0.0)
+# Fields ModernBERT has no key for (no segments, no learned positions): not written to its config.json.
+_MODERNBERT_FIXED = {"type_vocab_size": 1, "position_embedding_type": "absolute"}
+# Fields only ModernBERT has, with the values every other family implies.
+_MODERNBERT_ONLY = dict(layer_types=None, local_attention=128, rope_parameters=None, attention_bias=True,
+                        mlp_bias=True, norm_bias=True, decoder_bias=True, classifier_bias=True,
+                        classifier_activation="gelu", classifier_pooling="cls", embedding_dropout=None)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# transformers' default rotary bases: 160,000 in the global layers, 10,000 in the local ones.
+_ROPE_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 
 
 def override_keys() -> list[str]:
@@ -121,6 +160,25 @@ class BertConfig:
     # depths use the same group), each group being inner_group_num layers.
     num_hidden_groups: int = 1
     inner_group_num: int = 1
+    # ModernBERT (model_type "modernbert"; the other families keep these defaults, which are what
+    # BERT is): each layer's attention, "full_attention" or "sliding_attention".
+    layer_types: list[str] | None = None
+    # The whole window of a sliding layer: a token sees local_attention // 2 tokens each side.
+    local_attention: int = 128
+    # Rotary bases per layer type: {"full_attention": {"rope_type": "default", "rope_theta": ...}, ...}.
+    rope_parameters: dict[str, dict[str, Any]] | None = None
+    # Bias switches (BERT has every bias; ModernBERT none but the MLM decoder's).
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
+    decoder_bias: bool = True
+    classifier_bias: bool = True
+    # ModernBERT's prediction head (MLM and task heads): dense → this activation → LayerNorm.
+    classifier_activation: str = "gelu"
+    # What ModernBERT's sequence classifier reads: the first token ("cls") or the mean of all.
+    classifier_pooling: str = "cls"
+    # Dropout after the embedding LayerNorm (None = hidden_dropout_prob, as BERT).
+    embedding_dropout: float | None = None
     # Every other key of the source config.json, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -143,7 +201,8 @@ class BertConfig:
         check_override_keys(overrides)
         layers, hidden, heads = PRESETS[name]
         fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                      intermediate_size=4 * hidden, **PRESET_FIELDS.get(name, {}))
+                      intermediate_size=4 * hidden)
+        fields.update(PRESET_FIELDS.get(name, {}))
         fields.update(overrides)
         return cls.from_dict(fields)
 
@@ -240,7 +299,7 @@ class BertConfig:
     @property
     def has_segments(self) -> bool:
         """DistilBERT has no segment embeddings: pairs are told apart by [SEP] alone."""
-        return self.model_type != "distilbert"
+        return self.model_type not in ("distilbert", "modernbert")
 
     @property
     def reads_segments(self) -> bool:
@@ -251,8 +310,17 @@ class BertConfig:
 
     @property
     def has_pooler(self) -> bool:
-        """DistilBERT has no pooler; its sequence head reads the [CLS] state itself."""
-        return self.model_type != "distilbert"
+        """DistilBERT and ModernBERT have no pooler; their sequence heads read the [CLS] state."""
+        return self.model_type not in ("distilbert", "modernbert")
+
+    @property
+    def is_modernbert(self) -> bool:
+        """Pre-LN, rotary, GeGLU, local/global layers: `modern.py` builds its pieces."""
+        return self.model_type == "modernbert"
+
+    def rope_theta(self, layer_type: str) -> float:
+        """The rotary base of a layer type (ModernBERT)."""
+        return float((self.rope_parameters or {}).get(layer_type, {}).get("rope_theta", _ROPE_THETA[layer_type]))
 
     @property
     def num_layer_weights(self) -> int:
@@ -321,6 +389,12 @@ class BertConfig:
         if self.model_type == "roberta" and self.max_position_embeddings <= self.position_offset:
             problems.append(f"max_position_embeddings {self.max_position_embeddings} leaves no "
                             f"positions after RoBERTa's offset {self.position_offset} (pad_token_id + 1)")
+        if self.is_modernbert:
+            problems += check_modernbert(self)
+        else:
+            for name, default in _MODERNBERT_ONLY.items():
+                if getattr(self, name) != default:
+                    problems.append(f"{name} {getattr(self, name)!r} is ModernBERT's (model_type 'modernbert')")
         if self.model_type == "distilbert":
             for name, fixed in _DISTILBERT_FIXED.items():
                 if getattr(self, name) != fixed:
@@ -370,12 +444,98 @@ def _family_keys_in(values: dict[str, Any]) -> dict[str, Any]:
             value = values.pop("classifier_dropout_prob")
             values.setdefault("classifier_dropout", value)
         values.setdefault("embedding_size", 128)  # transformers' AlbertConfig default
+    elif family == "modernbert":
+        values = _modernbert_keys_in(values)
     return values
+
+
+def _modernbert_keys_in(values: dict[str, Any]) -> dict[str, Any]:
+    """A ModernBERT config.json, in either format, → BertConfig fields (transformers 5's format).
+
+    The legacy keys of released checkpoints become what transformers 5 writes:
+    global_attn_every_n_layers → layer_types (layer i is global when i % n == 0), global_rope_theta /
+    local_rope_theta → rope_parameters. Keys that are BERT fields under another meaning
+    (`position_embedding_type`, and `layer_norm_eps` beside `norm_eps`) are kept aside in `extra`.
+    """
+    extra = dict(values.pop("extra", {}) or {})
+    for name in (*_MODERNBERT_FIXED, *(["layer_norm_eps"] if "norm_eps" in values else [])):
+        if name in values:
+            extra[name] = values.pop(name)
+    for theirs, ours in MODERNBERT_KEYS.items():
+        if theirs in values:
+            value = values.pop(theirs)
+            values.setdefault(ours, value)
+    every = values.pop("global_attn_every_n_layers", 3)
+    if values.get("layer_types") is None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"global_attn_every_n_layers must be a positive integer, got {every!r}")
+        layers = values.get("num_hidden_layers", _MODERNBERT_DEFAULTS["num_hidden_layers"])
+        if isinstance(layers, int):
+            values["layer_types"] = [LAYER_TYPES[bool(i % every)] for i in range(layers)]
+    scaling = values.pop("rope_scaling", None)
+    if scaling is not None:
+        raise ValueError(f"rope_scaling {scaling!r} is not implemented: bertkit's ModernBERT uses "
+                         "plain rotary positions; remove the key or convert the checkpoint")
+    rope = {kind: dict(params or {}) for kind, params in (values.get("rope_parameters") or {}).items()}
+    for kind, legacy in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+        rope.setdefault(kind, {}).setdefault("rope_type", "default")
+        theta = values.pop(legacy, None)
+        rope[kind].setdefault("rope_theta", float(theta if theta is not None else _ROPE_THETA[kind]))
+    values["rope_parameters"] = rope
+    for name, default in _MODERNBERT_DEFAULTS.items():
+        values.setdefault(name, default)
+    values.update(_MODERNBERT_FIXED)
+    values["extra"] = extra
+    return values
+
+
+def check_modernbert(config: "BertConfig") -> list[str]:
+    """What a ModernBERT config asks for that the encoder does not implement, each naming its key."""
+    problems = []
+    types = config.layer_types
+    if not isinstance(types, list) or len(types) != config.num_hidden_layers:
+        problems.append(f"layer_types must list one of {', '.join(LAYER_TYPES)} per layer "
+                        f"({config.num_hidden_layers}), got {types!r}")
+    elif set(types) - set(LAYER_TYPES):
+        problems.append(f"layer_types {sorted(set(types) - set(LAYER_TYPES))} not implemented; "
+                        f"bertkit's ModernBERT has {', '.join(LAYER_TYPES)}")
+    if not isinstance(config.local_attention, int) or config.local_attention < 2:
+        problems.append(f"local_attention must be an integer window of at least 2, got {config.local_attention!r}")
+    for kind, params in (config.rope_parameters or {}).items():
+        if kind not in LAYER_TYPES:
+            problems.append(f"rope_parameters has an unknown layer type {kind!r}")
+        elif params.get("rope_type", "default") != "default" or set(params) - {"rope_type", "rope_theta"}:
+            problems.append(f"rope_parameters.{kind} {params!r} is not implemented: only rope_type "
+                            "'default' with rope_theta")
+    if config.classifier_activation not in ACTIVATIONS:
+        problems.append(f"unknown classifier_activation {config.classifier_activation!r}; supported: "
+                        f"{', '.join(ACTIVATIONS)}")
+    if config.classifier_pooling not in ("cls", "mean"):
+        problems.append(f"classifier_pooling {config.classifier_pooling!r} is not implemented; use 'cls' or 'mean'")
+    if config.extra.get("tie_word_embeddings", True) is not True:
+        problems.append("tie_word_embeddings false is not implemented: the MLM decoder is the word embeddings")
+    if config.extra.get("sparse_pred_ignore_index", -100) != -100:
+        problems.append(f"sparse_pred_ignore_index {config.extra['sparse_pred_ignore_index']!r} is not "
+                        "implemented: masked-LM labels ignore -100")
+    if config.extra.get("head_dim") not in (None, config.head_dim):
+        problems.append(f"head_dim {config.extra['head_dim']!r} differs from hidden_size / "
+                        f"num_attention_heads ({config.head_dim}), which bertkit's ModernBERT assumes")
+    if config.embedding_dropout is not None and not 0.0 <= float(config.embedding_dropout) < 1.0:
+        problems.append(f"embedding_dropout must be in [0, 1), got {config.embedding_dropout!r}")
+    return problems
 
 
 def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
     """BertConfig fields → the keys the family's own config.json uses (its transformers class reads them)."""
     family = values["model_type"]
+    if family != "modernbert":
+        for name in _MODERNBERT_ONLY:
+            values.pop(name)
+    else:
+        for theirs, ours in MODERNBERT_KEYS.items():
+            values[theirs] = values.pop(ours)
+        for name in _MODERNBERT_FIXED:
+            values.pop(name)
     if family != "albert":
         for name in ("embedding_size", "num_hidden_groups", "inner_group_num"):
             values.pop(name)

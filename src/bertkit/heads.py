@@ -10,6 +10,10 @@ whose layers differ, each as its family's `…ForSequenceClassification` (same t
   roberta:      [CLS] state → dropout → classifier.dense → tanh → dropout → classifier.out_proj
   distilbert:   [CLS] state → pre_classifier → ReLU → dropout → classifier
 DistilBERT's QA head has a dropout before qa_outputs (`qa_dropout`); the others have none.
+ModernBERT puts its prediction head (`modern.PredictionHead`: dense → act → LayerNorm) and a
+dropout before every classifier, and its sequence classifier reads the first token or the mean of
+all tokens (`classifier_pooling`):
+  modernbert:   [CLS] state or mean → head → dropout → classifier
 
 Shape letters: B batch, C choices, T sequence length, H hidden size, K labels.
 """
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import tasks
+from bertkit import modern, tasks
 from bertkit.checkpoint import PretrainedMixin
 from bertkit.config import BertConfig
 from bertkit.model import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, BertModel
@@ -86,19 +90,27 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
         self.bert = BertModel(config, add_pooling_layer=family in ("bert", "albert"))
         self.dropout = _classifier_dropout(config)
         self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size) if family == "distilbert" else None
+        self.head = modern.PredictionHead(config) if config.is_modernbert else None
         if family == "roberta":
             self.classifier = RobertaClassificationHead(config)
         else:
             self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        for module in (self.classifier, self.pre_classifier):
+        for module in (self.classifier, self.pre_classifier, self.head):
             if module is not None:
                 module.apply(self.bert._init_weights)
+
+    @property
+    def mean_pooling(self) -> bool:
+        """ModernBERT's classifier_pooling "mean": the head reads the mean of every token's state."""
+        return self.config.is_modernbert and self.config.classifier_pooling == "mean"
 
     def sentence_logits(self, first: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
         """first: (B, H) state of each sequence's first token; pooled: (B, H) pooler output or None
         → logits (B, K), through the family's head."""
         if self.config.model_type == "roberta":
             return self.classifier(first)
+        if self.head is not None:  # ModernBERT
+            return self.classifier(self.dropout(self.head(first)))
         if self.pre_classifier is not None:  # DistilBERT
             return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
         return self.classifier(self.dropout(pooled))
@@ -106,8 +118,13 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
         """labels: (B,) long class ids; (B,) float targets for regression; (B, K) float multi-label."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, first_only=True)  # the head reads [CLS] only
-        logits = self.sentence_logits(out.last_hidden_state[:, 0], out.pooler_output)  # (B, K)
+        out = self.bert(input_ids, token_type_ids, attention_mask, first_only=not self.mean_pooling)
+        if self.mean_pooling:
+            mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).unsqueeze(-1)  # (B, T, 1)
+            first = (out.last_hidden_state * mask).sum(1) / mask.sum(1)  # (B, H)
+        else:
+            first = out.last_hidden_state[:, 0]  # the head reads [CLS] only
+        logits = self.sentence_logits(first, out.pooler_output)  # (B, K)
         loss = None
         if labels is not None:
             kind = _problem_type(self.config, labels)
@@ -122,8 +139,13 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                        packed: Packed) -> ClassifierOutput:
         """Inference over packed sequences (see `BertModel.forward_packed`): logits (B, K)."""
-        out = self.bert.forward_packed(input_ids, token_type_ids, packed, first_only=True)
-        logits = self.sentence_logits(out.hidden, out.pooler_output)  # (B, K)
+        out = self.bert.forward_packed(input_ids, token_type_ids, packed, first_only=not self.mean_pooling)
+        first = out.hidden  # (B, H), or (N, H) to average
+        if self.mean_pooling:
+            lengths = torch.tensor(packed.lengths, device=first.device, dtype=first.dtype)
+            first = first.new_zeros(len(packed.lengths), first.shape[1]).index_add_(
+                0, packed.sequence_index, first) / lengths[:, None]  # (B, H)
+        logits = self.sentence_logits(first, out.pooler_output)  # (B, K)
         return ClassifierOutput(loss=None, logits=logits)
 
 
@@ -138,13 +160,15 @@ class BertForTokenClassification(PretrainedMixin, nn.Module):
         self.dropout = (nn.Dropout(config.hidden_dropout_prob) if config.model_type == "distilbert"
                         else _classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.classifier.apply(self.bert._init_weights)
+        self.head = modern.PredictionHead(config) if config.is_modernbert else nn.Identity()
+        for module in (self.classifier, self.head):
+            module.apply(self.bert._init_weights)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
         """labels: (B, T) long tag ids, -100 on sub-word continuations, special tokens and padding."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
-        logits = self.classifier(self.dropout(hidden))  # (B, T, K)
+        logits = self.classifier(self.dropout(self.head(hidden)))  # (B, T, K)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
@@ -154,7 +178,7 @@ class BertForTokenClassification(PretrainedMixin, nn.Module):
                        packed: Packed) -> ClassifierOutput:
         """Inference over packed sequences: logits (N, K), one row per token in packed order."""
         hidden = self.bert.forward_packed(input_ids, token_type_ids, packed).hidden  # (N, H)
-        return ClassifierOutput(loss=None, logits=self.classifier(self.dropout(hidden)))
+        return ClassifierOutput(loss=None, logits=self.classifier(self.dropout(self.head(hidden))))
 
 
 class BertForQuestionAnswering(PretrainedMixin, nn.Module):
@@ -166,16 +190,20 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
         self.bert = BertModel(config, add_pooling_layer=False)
         # DistilBERT's QA head drops out its input (qa_dropout); BERT's does not.
         rate = float(config.extra.get("qa_dropout", 0.1)) if config.model_type == "distilbert" else 0.0
+        if config.is_modernbert:  # ModernBERT: head → dropout → classifier (qa_outputs here)
+            rate = config.classifier_dropout or 0.0
         self.dropout = nn.Dropout(rate)
+        self.head = modern.PredictionHead(config) if config.is_modernbert else nn.Identity()
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.qa_outputs.apply(self.bert._init_weights)
+        for module in (self.qa_outputs, self.head):
+            module.apply(self.bert._init_weights)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None) -> SpanOutput:
         """start_positions / end_positions: (B,) long token indices; 0 ([CLS]) = no answer in this window."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
-        start_logits, end_logits = self.qa_outputs(self.dropout(hidden)).unbind(-1)  # (B, T) each
+        start_logits, end_logits = self.qa_outputs(self.dropout(self.head(hidden))).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
             # As the reference: positions outside the sequence are clamped to T and ignored.
@@ -190,7 +218,7 @@ class BertForQuestionAnswering(PretrainedMixin, nn.Module):
                        packed: Packed) -> SpanOutput:
         """Inference over packed sequences: start and end logits (N,) in packed order."""
         hidden = self.bert.forward_packed(input_ids, token_type_ids, packed).hidden  # (N, H)
-        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)  # (N,) each
+        start_logits, end_logits = self.qa_outputs(self.dropout(self.head(hidden))).unbind(-1)  # (N,) each
         return SpanOutput(loss=None, start_logits=start_logits, end_logits=end_logits)
 
 

@@ -36,6 +36,9 @@ are configuration (config.py) and checkpoint names (checkpoint.py), not other cl
 - DistilBERT (Sanh et al. 2019): no segment embeddings (token_type_ids are ignored) and no
   pooler; the sequence classifier is pre_classifier → ReLU → classifier on the [CLS] state. Its
   layers are BERT's (post-LN, GELU) under other names. No sentence head.
+- ModernBERT (Warner et al. 2024): other embeddings and layers (`modern.py` says how and why:
+  rotary positions, pre-LN GeGLU layers, local–global attention), a final LayerNorm, no pooler;
+  its MLM head has switchable biases and its own activation. No sentence head.
 
 Dimension letters used in shape comments:
   B batch, T sequence length, H hidden size, nh heads, hs head size (H / nh), I FFN size,
@@ -51,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import fused, ops
+from bertkit import fused, modern, ops
 from bertkit.checkpoint import PretrainedMixin
 from bertkit.config import BertConfig
 from bertkit.packing import Packed, Padding
@@ -303,30 +306,41 @@ class BertModel(PretrainedMixin, nn.Module):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
-        self.embeddings = Embeddings(config)
+        self.embeddings = modern.Embeddings(config) if config.is_modernbert else Embeddings(config)
         # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H.
         self.embed_proj = (nn.Linear(config.embedding_dim, config.hidden_size)
                            if config.model_type == "albert" else None)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layer_weights))
+        if config.is_modernbert:
+            self.layers = nn.ModuleList(modern.EncoderLayer(config, i) for i in range(config.num_layer_weights))
+        else:
+            self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layer_weights))
         self.schedule = config.layer_schedule  # stored layer run at each depth (ALBERT repeats them)
+        # ModernBERT is pre-LN: a LayerNorm after the last layer.
+        self.final_norm = modern.layer_norm(config) if config.is_modernbert else None
         self.pooler = (nn.Linear(config.hidden_size, config.hidden_size)
                        if add_pooling_layer and config.has_pooler else None)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        """The reference's init: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        """The reference's init: N(0, initializer_range) weights, zero biases, unit LayerNorm
+        (ModernBERT: truncated at ±2σ, and its output projections smaller: `modern.init_weights`)."""
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            if self.config.is_modernbert:
+                nn.init.trunc_normal_(module.weight, 0.0, std, -2 * std, 2 * std)
+            else:
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+            if getattr(module, "padding_idx", None) is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif self.config.is_modernbert:
+            modern.init_weights(module, self.config)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, sparse_word_grad: bool = False,
@@ -353,6 +367,13 @@ class BertModel(PretrainedMixin, nn.Module):
         x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
+        if self.final_norm is not None:  # ModernBERT: every layer whole, then the final norm
+            rope = modern.rope_tables(self.layers, torch.arange(length, device=x.device))  # once, not per layer
+            for layer in self.layers:
+                x = layer(x, padding, batch, length, rope[layer.layer_type])  # (N, H)
+            x = self.final_norm(x)
+            hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
+            return BertOutput(last_hidden_state=hidden[:, :1] if first_only else hidden, pooler_output=None)
         schedule = self.schedule[:-1] if first_only else self.schedule
         for i in schedule:
             x = self.layers[i](x, padding, batch, length)  # (N, H)
@@ -377,6 +398,12 @@ class BertModel(PretrainedMixin, nn.Module):
         x = self.embeddings.forward_packed(input_ids, token_type_ids, packed.position_ids)  # (N, E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
+        if self.final_norm is not None:  # ModernBERT: every layer whole, then the final norm
+            rope = modern.rope_tables(self.layers, packed.position_ids)  # once, not per layer
+            for layer in self.layers:
+                x = layer.forward_packed(x, packed, rope[layer.layer_type])  # (N, H)
+            x = self.final_norm(x)
+            return PackedOutput(hidden=x[packed.starts] if first_only else x, pooler_output=None)
         for i in (self.schedule[:-1] if first_only else self.schedule):
             x = self.layers[i].forward_packed(x, packed)  # (N, H)
         if first_only:
@@ -412,11 +439,13 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.transform = nn.Linear(config.hidden_size, config.embedding_dim)
-        # RoBERTa's head calls exact GELU whatever hidden_act says (fairseq's RobertaLMHead).
-        self.act = activation("gelu" if config.model_type == "roberta" else config.hidden_act)
-        self.norm = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.transform = nn.Linear(config.hidden_size, config.embedding_dim, bias=config.classifier_bias)
+        # RoBERTa's head calls exact GELU whatever hidden_act says (fairseq's RobertaLMHead);
+        # ModernBERT's, its classifier_activation.
+        act = {"roberta": "gelu", "modernbert": config.classifier_activation}.get(config.model_type, config.hidden_act)
+        self.act = activation(act)
+        self.norm = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps, bias=config.norm_bias)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H); word_embeddings: (V, E), the tied decoder weight → logits (..., V)."""

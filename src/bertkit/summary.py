@@ -2,7 +2,10 @@
 
 Every family prints its own table: ALBERT's factorised embeddings (V × E, then the E → H
 projection) and its shared layers, each stored layer listed once with the depths that run it;
-DistilBERT without segment table or pooler; RoBERTa's classifier as dense + out_proj.
+DistilBERT without segment table or pooler; RoBERTa's classifier as dense + out_proj;
+ModernBERT without position table (rotary), with its GeGLU width (Wi: H → 2I), each layer's
+attention kind and window, and the final LayerNorm. The total counts the tied decoder once, as
+transformers' `num_parameters()` does.
 """
 
 from __future__ import annotations
@@ -53,11 +56,11 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     config = encoder.config
     emb = encoder.embeddings
     hidden, dim = config.hidden_size, config.embedding_dim
-    rows = [
-        (f"embeddings.token ({config.vocab_size} × {dim})", _count(emb.word_embeddings)),
-        (f"embeddings.position ({config.max_position_embeddings} × {dim})", _count(emb.position_embeddings)),
-    ]
-    if emb.token_type_embeddings is not None:
+    rows = [(f"embeddings.token ({config.vocab_size} × {dim})", _count(emb.word_embeddings))]
+    if getattr(emb, "position_embeddings", None) is not None:
+        rows.append((f"embeddings.position ({config.max_position_embeddings} × {dim})",
+                     _count(emb.position_embeddings)))
+    if getattr(emb, "token_type_embeddings", None) is not None:
         rows.append((f"embeddings.segment ({config.type_vocab_size} × {dim})", _count(emb.token_type_embeddings)))
     rows.append(("embeddings.LayerNorm", _count(emb.norm)))
     if encoder.embed_proj is not None:
@@ -68,10 +71,19 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     for i, layer in enumerate(encoder.layers):
         runs = depths.get(i, [])
         shared = f", shared by depths {_depths(runs)}, counted once" if len(runs) > 1 else ""
+        if config.is_modernbert:
+            kind = ("global" if layer.half_window is None
+                    else f"local, ±{layer.half_window} tokens") + (", LayerNorm" if i else "")
+            rows.append((f"layer {i} attention (Wqkv, Wo, {kind})", _count(layer.qkv, layer.attn_out, layer.attn_norm)))
+            rows.append((f"layer {i} GeGLU ({hidden} → 2 × {config.intermediate_size}, {config.intermediate_size} "
+                         f"→ {hidden}, LayerNorm)", _count(layer.ffn_in, layer.ffn_out, layer.ffn_norm)))
+            continue
         rows.append((f"layer {i} attention (QKV, output, LayerNorm){shared}",
                      _count(layer.qkv, layer.attn_out, layer.attn_norm)))
         rows.append((f"layer {i} FFN ({hidden} → {config.intermediate_size} → {hidden}, LayerNorm){shared}",
                      _count(layer.ffn_in, layer.ffn_out, layer.ffn_norm)))
+    if encoder.final_norm is not None:
+        rows.append(("final LayerNorm", _count(encoder.final_norm)))
     if encoder.pooler is not None:
         rows.append(("pooler", _count(encoder.pooler)))
     task_heads = [(n, m) for n, m in model.named_children() if n != "bert"] if model is not encoder else []
@@ -115,6 +127,9 @@ def format_parameter_table(spec: str | Path, vocab_size: int | None = None) -> s
     if config.model_type == "albert":
         family = (f"; ALBERT: embeddings {config.embedding_dim} wide, {len(encoder_of(model).schedule)} "
                   f"depths run {config.num_layer_weights} stored layer(s)")
+    elif config.is_modernbert:
+        family = (f"; modernbert: rotary positions, {config.layer_types.count('full_attention')} global + "
+                  f"{config.layer_types.count('sliding_attention')} local layers (window {config.local_attention})")
     elif config.model_type != "bert":
         family = f"; {config.model_type}"
     lines = [f"{spec}: {architecture_name(type(model).__name__, config)} — {config.num_hidden_layers} layers, "

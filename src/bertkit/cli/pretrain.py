@@ -141,8 +141,8 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--data", required=True, help="DATA_DIR made by `bertkit prepare`")
     p.add_argument("--out", required=True, help="RUN_DIR for checkpoints, metrics and the model")
-    p.add_argument("--model", help="preset (tiny mini small medium base large albert-base; default "
-                   "mini), config.json or model directory; vocab_size comes from the data")
+    p.add_argument("--model", help="preset (tiny mini small medium base large albert-base modern-tiny "
+                   "modern-mini; default mini), config.json or model directory; vocab_size comes from the data")
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", dest="model_args",
                    help="override a config.json field, e.g. hidden_dropout_prob=0 (repeatable)")
     p.add_argument("--init", help="continue from this Hugging Face BERT directory's weights")
@@ -158,7 +158,8 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", choices=["linear", "cosine", "constant"], help="decay after warmup")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps (6%% of the steps)")
     p.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
-    p.add_argument("--mlm-probability", type=float, help="share of tokens selected for MLM (0.15)")
+    p.add_argument("--mlm-probability", type=float,
+                   help="share of tokens selected for MLM (0.15; 0.30 for ModernBERT models)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the encoder layers (on CPU no faster than eager)")
     add_training_engine_arguments(p, explain_precision=True)

@@ -250,14 +250,16 @@ def assembly(explorer: Explorer, text: str, pair: str | None = None, position: i
     ids, segments = list(enc.ids), list(enc.type_ids)
     position = _position(position, len(ids))
     emb = explorer.encoder.embeddings
-    rows = [p + emb.position_offset for p in range(len(ids))]
+    rows = [p + getattr(emb, "position_offset", 0) for p in range(len(ids))]
     with torch.inference_mode():
         token = emb.word_embeddings.weight[ids[position]]  # (E,)
-        where = emb.position_embeddings.weight[rows[position]]  # (E,)
+        # ModernBERT has no position table (its positions rotate Q and K in every layer)
+        table = getattr(emb, "position_embeddings", None)
+        where = table.weight[rows[position]] if table is not None else None  # (E,)
         segment = None
-        if emb.token_type_embeddings is not None:
+        if getattr(emb, "token_type_embeddings", None) is not None:
             segment = emb.token_type_embeddings.weight[segments[position] if emb.reads_segments else 0]  # (E,)
-        total = token + where + (segment if segment is not None else 0)  # (E,)
+        total = token + (where if where is not None else 0) + (segment if segment is not None else 0)  # (E,)
         normed = emb.norm(total)  # (E,)
     vectors = {"token": token, "position": where, "segment": segment, "sum": total, "layernorm": normed}
     vectors = {k: None if v is None else v.detach().float() for k, v in vectors.items()}  # views of the tables
@@ -363,6 +365,11 @@ def attention_trace(encoder: BertModel, input_ids: torch.Tensor, token_type_ids:
         x = x.reshape(batch * length, -1)  # (B*T, H)
         for i in encoder.schedule:
             layer = encoder.layers[i]
+            if config.is_modernbert:  # pre-LN, rotary, sliding windows: the layer writes itself out
+                scores, probs, x = layer.explicit(x, batch, length, keys)
+                scores_out.append(scores)
+                probs_out.append(probs)
+                continue
             q, k, v = (layer.qkv(x).view(batch, length, 3, nh, hs)  # (B, T, 3, nh, hs)
                        .permute(2, 0, 3, 1, 4).unbind(0))  # 3 × (B, nh, T, hs)
             scores = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (B, nh, T, T)
@@ -372,6 +379,8 @@ def attention_trace(encoder: BertModel, input_ids: torch.Tensor, token_type_ids:
             x = layer.feed_forward(x, y)  # (B*T, H)
             scores_out.append(scores)
             probs_out.append(probs)
+        if encoder.final_norm is not None:
+            x = encoder.final_norm(x)
     return AttentionTrace(scores_out, probs_out, x.view(batch, length, -1))
 
 

@@ -17,6 +17,12 @@ Targets are named as PEFT names BERT's modules:
     intermediate      intermediate.dense                    ffn_in
     output            output.dense                          ffn_out
 
+ModernBERT's targets are its own module names, as PEFT names them (its Q/K/V are fused already):
+
+    Wqkv              attn.Wqkv                             qkv (whole)
+    Wo                attn.Wo and mlp.Wo                    attn_out and ffn_out
+    Wi                mlp.Wi                                ffn_in
+
 Two ways to save (`save_lora`):
   merged    B·A·scale added into each adapted weight (slice): a plain Hugging Face checkpoint,
             no inference cost, loaded by every bertkit and transformers tool;
@@ -54,7 +60,21 @@ SAVE_MODES = ("merged", "adapters")
 TARGETS: dict[str, tuple[str, int | None]] = {
     "query": ("qkv", 0), "key": ("qkv", 1), "value": ("qkv", 2),
     "attention.output": ("attn_out", None), "intermediate": ("ffn_in", None), "output": ("ffn_out", None),
+    "Wqkv": ("qkv", None), "Wo": ("attn_out", None), "Wi": ("ffn_in", None),
 }
+# ModernBERT's targets: PEFT matches a module's last name, and both of its Wo are called Wo.
+MODERN_TARGETS = {"Wqkv": (("qkv", None),), "Wo": (("attn_out", None), ("ffn_out", None)), "Wi": (("ffn_in", None),)}
+
+
+def modules_of(target: str, model_type: str) -> tuple[tuple[str, int | None], ...]:
+    """(bertkit module in a layer, third of the fused qkv or None) pairs a target adapts, for a
+    family; ValueError when the target names no module of that family."""
+    own = MODERN_TARGETS if model_type == "modernbert" else {t: (m,) for t, m in TARGETS.items()
+                                                              if t not in MODERN_TARGETS}
+    if target not in own:
+        raise ValueError(f"LoRA target {target!r} is not a module of a {model_type} model; choose among "
+                         f"{', '.join(own)}")
+    return own[target]
 PEFT_TASK_TYPES = {"BertForSequenceClassification": "SEQ_CLS", "BertForTokenClassification": "TOKEN_CLS",
                    "BertForQuestionAnswering": "QUESTION_ANS"}
 PEFT_PREFIX = "base_model.model."
@@ -221,15 +241,17 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraReport:
                          "use full fine-tuning or --freeze-encoder")
     hidden = config.hidden_size
     total = sum(p.numel() for p in model.parameters())
+    for target in spec.targets:
+        modules_of(target, config.model_type)
     for param in model.parameters():
         param.requires_grad_(False)
     for layer in model.bert.layers:
         wanted: dict[str, dict[str, tuple[int, int]]] = {}
         for target in spec.targets:
-            module, third = TARGETS[target]
-            out = getattr(layer, module).out_features
-            wanted.setdefault(module, {})[target] = ((third * hidden, (third + 1) * hidden)
-                                                     if third is not None else (0, out))
+            for module, third in modules_of(target, config.model_type):
+                out = getattr(layer, module).out_features
+                wanted.setdefault(module, {})[target] = ((third * hidden, (third + 1) * hidden)
+                                                         if third is not None else (0, out))
         for module, slices in wanted.items():
             setattr(layer, module, LoRALinear(getattr(layer, module), slices, spec))
     heads = head_modules(model)
@@ -274,7 +296,7 @@ def _hf_module_name(model: nn.Module, k: int, module_name: str, target: str) -> 
     """transformers' module path of layer k's projection for `target`, e.g.
     bert.encoder.layer.0.attention.self.query (from the family's checkpoint name table)."""
     config = model.config
-    if module_name == "qkv":
+    if module_name == "qkv" and TARGETS[target][1] is not None:
         hf_qkv = to_hf_state_dict({f"bert.layers.{k}.qkv.weight": torch.zeros(3, 1)}, config)
         return list(hf_qkv)[TARGETS[target][1]][: -len(".weight")]
     name = next(iter(to_hf_state_dict({f"bert.layers.{k}.{module_name}.weight": torch.zeros(1)}, config)))
@@ -302,7 +324,8 @@ def peft_target_modules(model: nn.Module) -> list[str] | str:
     """target_modules for adapter_config.json: PEFT's last-name list when it is unambiguous (the
     q/k/v names), else a regex (PEFT full-matches a string) that names the exact module paths,
     since a suffix `output.dense` would also match `attention.output.dense`."""
-    names = sorted({_hf_module_name(model, 0, TARGETS[t][0], t) for t in model.lora_spec.targets})
+    names = sorted({_hf_module_name(model, 0, module, t) for t in model.lora_spec.targets
+                    for module, _ in modules_of(t, model.config.model_type)})
     if all(TARGETS[t][1] is not None for t in model.lora_spec.targets):
         return sorted(n.rsplit(".", 1)[1] for n in names)
     stem = re.escape(_hf_module_name(model, 0, "attn_out", "attention.output").split(".0.", 1)[0])

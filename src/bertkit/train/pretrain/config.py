@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from bertkit.config import check_override_keys
+from bertkit.config import BertConfig, check_override_keys
 from bertkit.data.shards import OBJECTIVES
 from bertkit.precision import PRECISIONS
 from bertkit.train import optim, state
@@ -48,7 +48,9 @@ class PretrainConfig:
     # --- batch: sequences per optimizer step over all ranks and micro-batches (BERT used 256)
     batch_size: int = 128
     grad_accum: int = 1  # micro-batches per optimizer step (to fit memory; same result)
-    mlm_probability: float = 0.15  # share of tokens selected for MLM, as in the paper
+    # Share of tokens selected for MLM. None = the family's: 0.15 as in the BERT paper, 0.30 for
+    # ModernBERT (Warner et al. 2024, after Wettig et al. 2023, "Should you mask 15%?").
+    mlm_probability: float | None = None
 
     # --- optimizer: AdamW as BERT (β, ε from the reference implementation)
     lr: float = 5e-4  # peak; small models tolerate higher rates than base's 1e-4
@@ -107,7 +109,7 @@ class PretrainConfig:
             problems.append(f"epochs must be > 0, got {self.epochs!r}")
         if not self.lr > 0:
             problems.append(f"lr must be > 0, got {self.lr!r}")
-        if not 0 < self.mlm_probability < 1:
+        if self.mlm_probability is not None and not 0 < self.mlm_probability < 1:
             problems.append(f"mlm_probability must be in (0, 1), got {self.mlm_probability!r}")
         if self.precision not in PRECISIONS:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
@@ -130,6 +132,13 @@ class PretrainConfig:
         if problems:
             raise ValueError("invalid pre-training settings: " + "; ".join(problems))
 
+    def resolved(self) -> "PretrainConfig":
+        """A copy with the family defaults filled in (mlm_probability), as the run records them."""
+        if self.mlm_probability is not None:
+            return self
+        return dataclasses.replace(self, mlm_probability=default_mlm_probability(self.init or self.model,
+                                                                                 self.model_overrides))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -140,3 +149,13 @@ class PretrainConfig:
         if unknown:
             raise ValueError(f"unknown pre-training setting(s): {', '.join(unknown)}")
         return cls(**values)
+
+
+def default_mlm_probability(model: str, overrides: dict[str, Any] | None = None) -> float:
+    """0.30 for a ModernBERT preset or directory, else BERT's 0.15 (a spec that does not resolve
+    is left to the model's own error later)."""
+    try:
+        family = BertConfig.resolve(model, **(overrides or {})).model_type
+    except (ValueError, OSError):
+        family = "bert"
+    return 0.30 if family == "modernbert" else 0.15

@@ -132,6 +132,7 @@ class Trainer:
 
     def __init__(self, config: PretrainConfig, dist_info: distributed.DistInfo):
         config.validate()
+        config = config.resolved()  # the family's masking rate when none is given
         self.config = config
         self.dist = dist_info
         self.device = dist_info.device
