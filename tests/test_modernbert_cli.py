@@ -55,7 +55,7 @@ def test_fill_mask_equals_transformers(mlm_dir):
     position = int((inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero())
     top = logits[position].softmax(-1).topk(5)
     assert [c.token_id for c in ours] == top.indices.tolist()
-    assert max(abs(c.prob - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
+    assert max(abs(c.score - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
 
 
 def test_embed_equals_transformers_and_sentence_transformers(mlm_dir, tmp_path):
