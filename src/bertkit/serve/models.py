@@ -9,6 +9,7 @@ route away without loading it twice (v1/embeddings is the embed route in OpenAI'
 from __future__ import annotations
 
 import copy
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,12 @@ class ServedModel:
     uses: tuple[str, ...]
     loop_tokenizer: BertTokenizer | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # sentence-transformers' config_sentence_transformers.json: named prompts put before a text,
+    # the one used when a request names none, and `truncate_dim` (a Matryoshka model's own
+    # output size): declaring it is what allows a request's `dimensions`.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    truncate_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.loop_tokenizer is None:
@@ -58,7 +65,8 @@ class ServedModel:
                 "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[self.engine.precision],
                 "precision": self.engine.precision, "device": str(self.engine.device),
                 "model_type": model_type, "uses": list(self.uses), "max_input_length": self.max_length,
-                "hidden_size": config.hidden_size}
+                "hidden_size": config.hidden_size, "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name, "truncate_dim": self.truncate_dim}
 
 
 def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -> ServedModel:
@@ -74,7 +82,52 @@ def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -
     routes = [*tasks.COMMON_ROUTES, *tasks.USES[use].routes]
     if use == "classify" and tasks.is_cross_encoder(engine.config):
         routes += tasks.USES["rerank"].routes
-    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(routes))
+    settings = sentence_transformers_settings(path)
+    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(routes), **settings)
+
+
+def sentence_transformers_settings(path: Path) -> dict[str, Any]:
+    """prompts, default_prompt_name and truncate_dim from config_sentence_transformers.json (if any)."""
+    file = path / "config_sentence_transformers.json"
+    if not file.is_file():
+        return {}
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{file}: not valid JSON ({err}); fix or remove it") from None
+    prompts = found.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError(f"{file}: `prompts` must map names to texts, got {prompts!r}")
+    default = found.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(f"{file}: default_prompt_name {default!r} is not one of its prompts "
+                         f"({', '.join(map(repr, prompts)) or 'none'})")
+    dim = found.get("truncate_dim")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+        raise ValueError(f"{file}: truncate_dim must be a positive integer, got {dim!r}")
+    return {"prompts": dict(prompts), "default_prompt_name": default, "truncate_dim": dim}
+
+
+def parse_served_names(specs: list[str], models: list[str]) -> dict[str, str]:
+    """--served-model-name values → {alias: model}. "ALIAS[,ALIAS...]" names the first model;
+    "MODEL=ALIAS[,ALIAS...]" the model named MODEL. Every name, model or alias, is unique."""
+    aliases: dict[str, str] = {}
+    for spec in specs:
+        target, sep, names = spec.rpartition("=")
+        target = target if sep else models[0]
+        if target not in models:
+            raise ValueError(f"--served-model-name {spec!r}: no model is named {target!r}; models: "
+                             f"{', '.join(map(repr, models))}")
+        for alias in names.split(","):
+            alias = alias.strip()
+            if not alias:
+                raise ValueError(f"--served-model-name {spec!r} has an empty name")
+            if alias in models or alias in aliases:
+                raise ValueError(f"--served-model-name: the name {alias!r} is taken (by "
+                                 f"{'a model' if alias in models else 'model ' + repr(aliases[alias])}); "
+                                 "model names and aliases must be unique")
+            aliases[alias] = target
+    return aliases
 
 
 def parse_model_args(specs: list[str]) -> list[tuple[str, str]]:
