@@ -245,3 +245,18 @@ def test_docs_page_is_served_from_this_process(client):
     assert not re.search(r"(src|href)=\"https?://", page.text)  # nothing from a CDN
     for asset in re.findall(r"(?:src|href)=\"(/docs/assets/[^\"]+)\"", page.text):
         assert client.get(asset).status_code == 200, asset
+
+
+def test_post_root_dispatches_as_tei_does(client, dirs):
+    """huggingface_hub's InferenceClient posts TEI's requests to / ; the body and the model decide."""
+    vectors = client.post("/", json={"inputs": ["a cat"]}).json()
+    assert (torch.tensor(vectors) - embed(dirs["minilm"], ["a cat"])).abs().max() <= 1e-5
+    similarity = client.post("/", json={"inputs": {"source_sentence": "a cat", "sentences": ["a dog"]}}).json()
+    assert similarity == client.post("/similarity", json={"inputs": {"source_sentence": "a cat",
+                                                                     "sentences": ["a dog"]}}).json()
+    ranked = client.post("/", json={"query": "q", "texts": ["a", "b"], "model": "trained"}).json()
+    assert [set(r) for r in ranked] == [{"index", "score"}] * 2
+    predicted = client.post("/", json={"inputs": "a cat", "model": "trained"}).json()
+    assert [p["label"] for p in predicted] == ["LABEL_0"]
+    bad = client.post("/", json={"inputs": 5})
+    assert bad.status_code == 422 and "`inputs` must be a string or a list" in bad.json()["error"]

@@ -46,7 +46,7 @@ class Operation:
     request: type[BaseModel] | None = None  # the JSON body's model (None: no body)
     response: type[BaseModel] | None = None  # the 200 answer's model (None: see media_type)
     errors: tuple[int, ...] = ()  # statuses the route can answer besides 200
-    media_type: str = "application/json"  # of the 200 answer
+    media_type: str | None = "application/json"  # of the 200 answer (None: it has no body)
     headers: tuple[str, ...] = ()  # response headers of a 200 answer, described in HEADERS
     parameters: tuple[dict[str, Any], ...] = ()  # path parameters, OpenAPI's shape
     tags: tuple[str, ...] = field(default_factory=tuple)
@@ -69,7 +69,7 @@ def document(title: str, version: str, description: str, operations: list[Operat
         ok: dict[str, Any] = {"description": "success"}
         if op.response is not None:
             ok["content"] = {op.media_type: {"schema": ref[op.response]}}
-        elif op.media_type != "application/json":
+        elif op.media_type not in (None, "application/json"):
             ok["content"] = {op.media_type: {"schema": {"type": "string"}}}
         if op.headers:
             ok["headers"] = {h: {"description": headers[h], "schema": {"type": "string"}} for h in op.headers}

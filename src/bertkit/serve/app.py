@@ -64,6 +64,9 @@ def _op(path: str, method: str, name: str, summary: str, request=None, response=
 
 
 ROUTES: list[RouteSpec] = [
+    RouteSpec(routes.route_compat, _op("/", "post", "compat", "TEI's catch-all: /embed, /predict, /rerank or "
+                                       "/similarity, by the body and the model's head", schemas.CompatRequest,
+                                       schemas.CompatResponse)),
     RouteSpec(routes.route_embed, _op("/embed", "post", "embed", "Sentence embeddings (TEI)",
                                       schemas.EmbedRequest, schemas.EmbedResponse)),
     RouteSpec(routes.route_embed_all, _op("/embed_all", "post", "embed_all", "Every token's vector, "
@@ -98,7 +101,7 @@ ROUTES: list[RouteSpec] = [
     RouteSpec(routes.route_qa, _op("/qa", "post", "qa", "Answer spans of questions in contexts",
                                    schemas.QARequest, schemas.QAResponse)),
     RouteSpec(routes.route_health, _op("/health", "get", "health", "200 when the model thread runs",
-                                       errors=(503,), timed=False, media_type="text/plain"), open_route=True),
+                                       errors=(503,), timed=False, media_type=None), open_route=True),
     RouteSpec(routes.route_info, _op("/info", "get", "info", "The default model, every model, the limits (TEI)",
                                      response=schemas.Info, errors=GET_ERRORS, timed=False)),
     RouteSpec(routes.route_metrics, _op("/metrics", "get", "metrics", "Prometheus metrics", errors=GET_ERRORS,
@@ -114,8 +117,15 @@ def openapi(service: Service | None = None) -> dict[str, Any]:
     description = ("BERT models over HTTP: text-embeddings-inference's routes and JSON, OpenAI's "
                    "/v1/embeddings and /v1/models, and fill-mask, NER and QA. Every error answers "
                    "{error, error_type}.")
-    return document("bertkit serve", __version__, description, [r.operation for r in ROUTES] + own,
-                    schemas.ErrorResponse, HEADERS, security=True)
+    out = document("bertkit serve", __version__, description, [r.operation for r in ROUTES] + own,
+                   schemas.ErrorResponse, HEADERS, security=service is not None and service.api_key is not None)
+    if service is not None:  # the names `model` takes here, so clients and gateways can check them
+        names = service.names()
+        for schema in out["components"]["schemas"].values():
+            field = schema.get("properties", {}).get("model")
+            if field is not None and "anyOf" in field and schema.get("additionalProperties") is False:
+                field["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
+    return out
 
 
 def error_response(err: ServeError) -> JSONResponse:

@@ -1,6 +1,7 @@
 """The handlers: thin steps over the scheduler (read → admit → tokenize → run → shape).
 
-text-embeddings-inference's routes and JSON (`router/src/http/server.rs`): POST /embed,
+text-embeddings-inference's routes and JSON (`router/src/http/server.rs`): POST / (dispatched
+by the body and the model's head, as TEI's), /embed,
 /embed_all, /similarity, /rerank, /predict, /tokenize, /decode; GET /health, /info, /metrics;
 and the uses TEI lacks: POST /fill-mask, /ner, /qa. OpenAI's routes are in openai.py. Request
 and answer shapes are declared in schemas.py; app.py lists every route once.
@@ -9,6 +10,7 @@ and answer shapes are declared in schemas.py; app.py lists every route once.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import torch
@@ -36,7 +38,32 @@ from bertkit.serve.service import (
 
 
 async def body(service: Service, request: Request, model: type[schemas.Request], route: str) -> Any:
-    return schemas.read(model, await read_body(request, service.limits.payload_limit), route)
+    raw = getattr(request.state, "raw", None)  # read already by route_compat
+    if raw is None:
+        raw = await read_body(request, service.limits.payload_limit)
+    return schemas.read(model, raw, route)
+
+
+async def route_compat(service: Service, request: Request) -> Response:
+    """TEI's POST /, what huggingface_hub's InferenceClient posts to: /rerank for a body with a
+    `query`, /similarity for `inputs` with a `source_sentence`, /predict when the model (named,
+    or the default) is a classifier, else /embed."""
+    raw = request.state.raw = await read_body(request, service.limits.payload_limit)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None  # /embed's reading says what is wrong with it
+    fields = value if isinstance(value, dict) else {}
+    if "query" in fields:
+        return await route_rerank(service, request)
+    if isinstance(fields.get("inputs"), dict):
+        return await route_similarity(service, request)
+    name = fields.get("model")
+    model = service.models.get(service.default if name is None else service.aliases.get(name, name)) \
+        if name is None or isinstance(name, str) else None
+    if model is not None and "predict" in model.uses:
+        return await route_predict(service, request)
+    return await route_embed(service, request)
 
 
 async def vectors_of(service: Service, request: Request, model: ServedModel, texts: list[str],

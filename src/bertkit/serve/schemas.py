@@ -61,7 +61,7 @@ TAGS = {"<text>": "a string or a list of strings", "<texts>": "a list of strings
 Truncate = Annotated[bool | None, Field(description="cut inputs over the model's limit (absent: the "
                                               "server's --auto-truncate); false: refuse them (422)")]
 # TEI's enum; only the end of a text is cut here, so "Left" is refused with the field named.
-Direction = Annotated[Literal["Right", "right"], Field(description="which end is cut: the right")]
+Direction = Annotated[Literal["Right"], Field(description="which end is cut: the right (TEI's \"Left\" is not done)")]
 PromptName = Annotated[str | None, Field(description="a key of the model's sentence-transformers `prompts`: "
                                                  "its text is put before each input (absent: the "
                                                  "server's --default-prompt-name, or the model's own default)")]
@@ -341,6 +341,16 @@ class Answer(BaseModel):
 
 class QAResponse(RootModel[Union[list[Answer], list[list[Answer]]]]):
     pass
+
+
+class CompatRequest(RootModel[Union[EmbedRequest, PredictRequest, RerankRequest, SimilarityRequest]]):
+    """POST /: a body of /rerank (it has `query`), /similarity (`inputs` is an object), /predict
+    (the model is a classifier) or /embed."""
+
+
+class CompatResponse(RootModel[Union[list[list[float]], list[Prediction], list[list[Prediction]], list[Rank],
+                                     list[float]]]):
+    """The answer of the route the body went to."""
 
 
 class ModelInfo(BaseModel):

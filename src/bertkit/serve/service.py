@@ -68,7 +68,7 @@ class Service:
         return [*self.models, *self.aliases]
 
     def model(self, name: str | None, use: str) -> ServedModel:
-        found = self.models.get(self.aliases.get(name, name) if name else self.default)
+        found = self.models.get(self.default if name is None else self.aliases.get(name, name))
         if found is None:
             raise ServeError(ErrorType.NOT_FOUND, f"model {name!r} is not served here; `model` "
                              f"must be one of {', '.join(map(repr, self.names()))}")
