@@ -143,3 +143,23 @@ def test_health_is_documented_as_an_empty_answer(server):
     assert "content" not in document["paths"]["/health"]["get"]["responses"]["200"]
     got = httpx.get(f"{server}/health", timeout=WAIT)
     assert got.status_code == 200 and got.content == b""
+
+
+def test_no_enum_of_the_document_spells_one_value_twice():
+    """Found (by generating a client): `truncation_direction` listed "Right" and "right", and
+    openapi-python-client refused the document (two constants named RIGHT)."""
+    from bertkit.serve import openapi
+
+    def enums(node):
+        if isinstance(node, dict):
+            if "enum" in node:
+                yield node["enum"]
+            for value in node.values():
+                yield from enums(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from enums(value)
+
+    for values in enums(openapi()):
+        names = [str(v).upper() for v in values]
+        assert len(set(names)) == len(names), values
