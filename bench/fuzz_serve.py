@@ -133,6 +133,8 @@ def fuzz(schema, method: str, path: str, mode: str, examples: int, statuses: Cou
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000, help="requests in all (10000)")
+    parser.add_argument("--passes", type=int, default=PASSES,
+                        help="passes over every operation, resident memory read after each (3)")
     parser.add_argument("--out", default="fuzz_serve.json")
     args = parser.parse_args()
     import httpx
@@ -156,10 +158,10 @@ def main() -> None:
             # Three passes over every operation: the first warms every code path (and the
             # allocator's high-water mark), the next two show whether memory keeps growing.
             rss = []
-            for _ in range(PASSES):
+            for _ in range(args.passes):
                 for method, path, mode in plan:
                     n = GET_REQUESTS if (method, path, mode) in small else per_run
-                    fuzz(schema, method, path, mode, max(1, n // PASSES), statuses[f"{method.upper()} {path}"],
+                    fuzz(schema, method, path, mode, max(1, n // args.passes), statuses[f"{method.upper()} {path}"],
                          findings)
                 rss.append(rss_mib(proc.pid))
             health = httpx.get(f"{url}/health", timeout=30).status_code
