@@ -98,7 +98,7 @@ def test_v1_models_lists_models_and_aliases_in_openais_shape(client):
     assert ids["ada"]["root"] == "minilm" and ids["my-reranker"]["root"] == "trained"
     assert client.get("/v1/models/ada").json() == ids["ada"]
     missing = client.get("/v1/models/gpt-4")
-    assert missing.status_code == 404 and "'ada'" in missing.json()["error"]
+    assert missing.status_code == 404 and "'ada'" in missing.json()["error"]["message"]
 
 
 def test_an_alias_answers_as_its_model(client, dirs):

@@ -50,6 +50,7 @@ class Operation:
     headers: tuple[str, ...] = ()  # response headers of a 200 answer, described in HEADERS
     parameters: tuple[dict[str, Any], ...] = ()  # path parameters, OpenAPI's shape
     tags: tuple[str, ...] = field(default_factory=tuple)
+    error_model: type[BaseModel] | None = None  # the error body, if not the app's own
 
 
 def document(title: str, version: str, description: str, operations: list[Operation],
@@ -58,13 +59,12 @@ def document(title: str, version: str, description: str, operations: list[Operat
     """The OpenAPI 3.1 document of `operations` (schemas under components/schemas, by model name)."""
     models = {error_model}
     for op in operations:
-        models.update(m for m in (op.request, op.response) if m is not None)
+        models.update(m for m in (op.request, op.response, op.error_model) if m is not None)
     keyed = [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)]
     refs, schemas = models_json_schema(keyed, ref_template="#/components/schemas/{model}")
     ref = {model: refs[(model, mode)] for model, mode in keyed}
     headers = headers or {}
     paths: dict[str, dict[str, Any]] = {}
-    error_content = {"application/json": {"schema": ref[error_model]}}
     for op in operations:
         ok: dict[str, Any] = {"description": "success"}
         if op.response is not None:
@@ -75,7 +75,8 @@ def document(title: str, version: str, description: str, operations: list[Operat
             ok["headers"] = {h: {"description": headers[h], "schema": {"type": "string"}} for h in op.headers}
         responses: dict[str, Any] = {"200": ok}
         for status in sorted(op.errors):
-            responses[str(status)] = {"description": STATUS_TEXT[status], "content": error_content}
+            responses[str(status)] = {"description": STATUS_TEXT[status], "content": {
+                "application/json": {"schema": ref[op.error_model or error_model]}}}
         entry: dict[str, Any] = {"operationId": op.name, "summary": op.summary, "responses": responses}
         if op.tags:
             entry["tags"] = list(op.tags)

@@ -60,6 +60,8 @@ class RouteSpec:
 
 def _op(path: str, method: str, name: str, summary: str, request=None, response=None,
         errors=BODY_ERRORS, timed: bool = True, **more: Any) -> Operation:
+    if path.startswith("/v1/"):
+        more["error_model"] = schemas.OpenAIErrorResponse
     return Operation(path, method, name, summary, request, response, errors, headers=TIMED if timed else (), **more)
 
 
@@ -128,8 +130,11 @@ def openapi(service: Service | None = None) -> dict[str, Any]:
     return out
 
 
-def error_response(err: ServeError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+def error_response(err: ServeError, openai: bool = False) -> JSONResponse:
+    """TEI's `{error, error_type}`; on OpenAI's routes OpenAI's `{error: {message, type, param, code}}`."""
+    body = ({"error": {"message": err.message, "type": err.error_type.value, "param": None, "code": err.status}}
+            if openai else err.body())
+    return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
 def timing_headers(service: Service, request: Request, response: Response) -> None:
@@ -146,6 +151,8 @@ def timing_headers(service: Service, request: Request, response: Response) -> No
 
 
 def _route(service: Service, name: str, handler, open_route: bool = False):
+    openai = name.startswith("/v1/")
+
     async def endpoint(request: Request) -> Response:
         start = time.perf_counter()
         outcome = "success"
@@ -160,14 +167,14 @@ def _route(service: Service, name: str, handler, open_route: bool = False):
             return response
         except ServeError as err:
             outcome = err.error_type.value
-            return error_response(err)
+            return error_response(err, openai)
         except asyncio.CancelledError:
             outcome = "disconnected"
             raise
         except Exception as err:  # noqa: BLE001  a bug must answer 500, not drop the connection
             outcome = ErrorType.BACKEND.value
             log.exception("%s failed", name)
-            return error_response(ServeError(ErrorType.BACKEND, f"{name} failed: {type(err).__name__}: {err}"))
+            return error_response(ServeError(ErrorType.BACKEND, f"{name} failed: {type(err).__name__}: {err}"), openai)
         finally:
             service.metrics.requests.labels(name, outcome).inc()
             service.metrics.request_seconds.labels(name).observe(time.perf_counter() - start)

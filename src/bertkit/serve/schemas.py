@@ -232,6 +232,18 @@ class ErrorResponse(BaseModel):
     error_type: ErrorType
 
 
+class OpenAIError(BaseModel):
+    message: str
+    type: ErrorType
+    param: str | None = None
+    code: int
+
+
+class OpenAIErrorResponse(BaseModel):
+    """OpenAI's error shape, on the /v1 routes, so OpenAI's clients show the message."""
+    error: OpenAIError
+
+
 class EmbedResponse(RootModel[list[list[float]]]):
     """One vector per input."""
 
