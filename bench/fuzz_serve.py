@@ -84,6 +84,18 @@ def start_server(models: dict[str, Path]) -> tuple[subprocess.Popen, str]:
             raise RuntimeError(f"the server did not start: {line}")
 
 
+def settled_rss_mib(pid: int, url: str) -> float:
+    """Resident memory once the allocator has given back what it may: the model thread returns
+    freed heap pages after a run at most every TRIM_EVERY (2) s, so wait that long, make one
+    small run, and read."""
+    import httpx
+
+    time.sleep(2.5)
+    httpx.post(f"{url}/embed", json={"inputs": "settle"}, timeout=60)
+    time.sleep(0.5)
+    return rss_mib(pid)
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -163,7 +175,7 @@ def main() -> None:
                     n = GET_REQUESTS if (method, path, mode) in small else per_run
                     fuzz(schema, method, path, mode, max(1, n // args.passes), statuses[f"{method.upper()} {path}"],
                          findings)
-                rss.append(rss_mib(proc.pid))
+                rss.append(settled_rss_mib(proc.pid, url))
             health = httpx.get(f"{url}/health", timeout=30).status_code
             seconds = time.monotonic() - start
         finally:
