@@ -154,7 +154,7 @@ def _route(service: Service, name: str, handler, open_route: bool = False):
     openai = name.startswith("/v1/")
 
     async def endpoint(request: Request) -> Response:
-        start = time.perf_counter()
+        start = request.state.arrived = time.perf_counter()
         outcome = "success"
         try:
             if service.api_key and not open_route:

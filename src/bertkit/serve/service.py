@@ -21,7 +21,8 @@ from bertkit.serve.metrics import Metrics
 from bertkit.serve.models import ServedModel
 from bertkit.serve.scheduler import Scheduler, Timing
 
-__all__ = ["Service", "Timing", "read_body", "tokenized", "encode", "run_admitted", "truncate_of", "with_prompt"]
+__all__ = ["Service", "Timing", "STARTED", "read_body", "tokenized", "encode", "run_admitted", "run_sliced",
+           "timing_of", "truncate_of", "with_prompt"]
 
 # What created (a Unix time) the /v1/models cards report: when the process started serving.
 STARTED = int(time.time())
@@ -113,9 +114,12 @@ def truncate_of(service: Service, asked: bool | None) -> bool:
 
 
 def timing_of(request: Request) -> Timing:
+    """The request's Timing, made by the first step that computes (so only those answers carry
+    timing headers), counted from the request's arrival (`request.state.arrived`, set by the app)."""
     timing = getattr(request.state, "timing", None)
     if timing is None:
-        timing = request.state.timing = Timing()
+        arrived = getattr(request.state, "arrived", None)
+        timing = request.state.timing = Timing() if arrived is None else Timing(start=arrived)
     return timing
 
 
