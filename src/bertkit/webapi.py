@@ -163,7 +163,8 @@ def message(error: dict[str, Any], model: type[BaseModel], route: str, tags: dic
     if kind_of in ("int_type", "int_from_float"):
         return f"{where} must be an integer, got {got}"
     if kind_of in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        return f"{where} must be an integer {error['msg'].removeprefix('Input should be ')}, got {error.get('input')!r}"
+        what = "an integer" if isinstance(error.get("input"), int) else "a number"
+        return f"{where} must be {what} {error['msg'].removeprefix('Input should be ')}, got {error.get('input')!r}"
     if kind_of in ("literal_error", "enum"):
         return f"{where} must be {error['msg'].removeprefix('Input should be ')}, got {error.get('input')!r}"
     if kind_of == "list_type":
