@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError
-from bertkit.serve.responses import JSONResponse
+from bertkit.serve.responses import JSONResponse, array
 from bertkit.serve.routes import body, shaped, vectors_of
 from bertkit.serve.service import STARTED, Service, timing_of, with_prompt
 
@@ -39,7 +39,7 @@ async def route_embeddings(service: Service, request: Request) -> Response:
     if req.encoding_format == "base64":  # little-endian float32 bytes, as OpenAI's clients decode them
         rows = [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii") for v in vectors]
     else:
-        rows = vectors.tolist()
+        rows = [array(v) for v in vectors]
     tokens = timing_of(request).tokens
     return JSONResponse({"object": "list", "model": req.model or model.name,
                          "data": [{"object": "embedding", "embedding": row, "index": i}

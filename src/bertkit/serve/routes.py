@@ -24,7 +24,7 @@ from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.metrics import CONTENT_TYPE_LATEST
 from bertkit.serve.models import ServedModel
-from bertkit.serve.responses import JSONResponse
+from bertkit.serve.responses import JSONResponse, array
 from bertkit.serve.service import (
     Service,
     read_body,
@@ -98,7 +98,7 @@ async def route_embed(service: Service, request: Request) -> Response:
     texts = with_prompt(service.prompt(model, req.prompt_name), texts)
     truncate = truncate_of(service, req.truncate)
     vectors = torch.stack(await vectors_of(service, request, model, texts, truncate, "inputs"))
-    return JSONResponse(shaped(service, model, vectors, req.dimensions, req.normalize).tolist())
+    return JSONResponse(array(shaped(service, model, vectors, req.dimensions, req.normalize)))
 
 
 async def route_embed_all(service: Service, request: Request) -> Response:
@@ -109,7 +109,7 @@ async def route_embed_all(service: Service, request: Request) -> Response:
     texts = with_prompt(service.prompt(model, req.prompt_name), texts)
     rows = await vectors_of(service, request, model, texts, truncate_of(service, req.truncate), "inputs",
                             use="token-vectors")
-    return JSONResponse([row.tolist() for row in rows])
+    return JSONResponse([array(row) for row in rows])
 
 
 async def route_similarity(service: Service, request: Request) -> Response:
@@ -122,7 +122,7 @@ async def route_similarity(service: Service, request: Request) -> Response:
     texts = with_prompt(service.prompt(model, params.prompt_name), texts)
     vectors = F.normalize(torch.stack(await vectors_of(service, request, model, texts,
                                                        truncate_of(service, params.truncate), "inputs")), dim=-1)
-    return JSONResponse((vectors[1:] @ vectors[0]).tolist())
+    return JSONResponse(array(vectors[1:] @ vectors[0]))
 
 
 async def classifier_logits(service: Service, request: Request, model: ServedModel, texts: list[str],
