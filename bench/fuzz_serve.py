@@ -110,6 +110,8 @@ HEAD_OF = {"/rerank": "cross", "/predict": "clf", "/fill-mask": "mlm", "/ner": "
 
 
 def steer(case, path: str, mode: str) -> None:
+    if path == "/v1/models/{model}" and mode == "positive" and len(case.path_parameters["model"]) % 2:
+        case.path_parameters["model"] = "text-embedding-3-small"  # half the names exist
     body = case.body
     if mode != "positive" or not isinstance(body, dict) or path not in HEAD_OF or body.get("model") is not None:
         return
