@@ -138,3 +138,28 @@ def test_a_method_the_head_cannot_do_names_the_head(heads, minilm_dir):
         bertkit.load(minilm_dir / "config.json")
     with pytest.raises(ValueError, match="batch_size must be positive"):
         bertkit.load(heads / "mlm").encode(["a"], batch_size=0)
+
+
+def test_prompts_and_truncation_are_sentence_transformers(minilm_dir, tmp_path):
+    """A model whose config_sentence_transformers.json names prompts, a default prompt and a
+    truncate_dim: encode equals sentence-transformers' with the same options."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    model_dir = tmp_path / "minilm"
+    shutil.copytree(minilm_dir, model_dir)
+    config = json.loads((model_dir / "config_sentence_transformers.json").read_text())
+    config.update(prompts={"query": "query: ", "passage": "passage: "}, default_prompt_name="passage")
+    (model_dir / "config_sentence_transformers.json").write_text(json.dumps(config))
+    ours, theirs = bertkit.load(model_dir), SentenceTransformer(str(model_dir), device="cpu")
+    texts = TEXTS[:3]
+    for options in ({}, {"prompt_name": "query"}, {"prompt": "search: "}, {"truncate_dim": 128},
+                    {"truncate_dim": 128, "normalize_embeddings": True}):
+        got, want = ours.encode(texts, **options), theirs.encode(texts, **options)
+        assert got.shape == want.shape, options
+        np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(options))
+    assert not np.allclose(ours.encode(texts), ours.encode(texts, prompt=""))  # the default prompt applies
+    with pytest.raises(ValueError, match="unknown prompt_name 'nope'; this model's prompts: 'query', 'passage'"):
+        ours.encode(texts, prompt_name="nope")

@@ -77,3 +77,24 @@ def test_texts_may_follow_options(capsys, minilm_dir):
     assert [r["text"] for r in rows] == ["a text", "another"]
     with pytest.raises(SystemExit):  # an unknown option is still an error
         cli.main(["embed", str(minilm_dir), "--no-such-option", "a text"])
+
+
+def test_embed_takes_prompts_and_matryoshka_dimensions(tmp_path, capsys, minilm_dir):
+    """`bertkit embed --prompt/--truncate-dim` are the library's embed(prompt=, truncate_dim=), on the
+    command line and over a file (.npy of the cut size)."""
+    import numpy as np
+
+    from bertkit.inference import embed
+
+    argv = ["embed", str(minilm_dir), "a cat", "a dog", "--prompt", "query: ", "--truncate-dim", "64", "--json",
+            "--threads", "1"]
+    assert cli.main(argv) == 0
+    got = [json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()]
+    want = embed(minilm_dir, ["query: a cat", "query: a dog"])[:, :64]
+    want = want / want.norm(dim=-1, keepdim=True)
+    assert np.allclose(got, want.numpy(), atol=1e-5)
+    data = tmp_path / "texts.txt"
+    data.write_text("a cat\na dog\n", encoding="utf-8")
+    assert cli.main(["embed", str(minilm_dir), "--input", str(data), "--out", str(tmp_path / "v.npy"), "--prompt",
+                     "query: ", "--truncate-dim", "64", "--no-progress", "--threads", "1"]) == 0
+    assert np.allclose(np.load(tmp_path / "v.npy"), want.numpy(), atol=1e-5)

@@ -403,7 +403,9 @@ def test_compiled_int8_kernels_equal_the_eager_ones():
 
 def test_rerank_reads_pairs_at_the_cross_encoders_own_length(tokenizer, tmp_path):
     """A cross-encoder whose tokenizer says model_max_length 16 (its trained length) is read at 16,
-    as sentence-transformers' CrossEncoder reads it; other uses keep the model's limit."""
+    as sentence-transformers' CrossEncoder reads it, by every use (classify and embed too: one
+    length per model, so the CLI, the library and the service answer alike); a bare encoder with
+    the same tokenizer keeps the model's limit."""
     import json
 
     save_tiny(BertForSequenceClassification, tokenizer, tmp_path, num_labels=1)
@@ -411,7 +413,11 @@ def test_rerank_reads_pairs_at_the_cross_encoders_own_length(tokenizer, tmp_path
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 16}))
     assert Engine.load(tmp_path, use="rerank").max_length == 16
     assert Engine.load(tmp_path, use="rerank", max_length=40).max_length == 40
-    assert Engine.load(tmp_path, use="classify").max_length == 64
+    assert Engine.load(tmp_path, use="classify").max_length == 16
+    assert Engine.load(tmp_path, use="embed").max_length == 16
+    save_tiny(BertModel, tokenizer, tmp_path / "bare")
+    (tmp_path / "bare" / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 16}))
+    assert Engine.load(tmp_path / "bare").max_length == 64
 
 
 def test_fused_int8_feed_forward_equals_the_layers_own(minilm_dir, monkeypatch):

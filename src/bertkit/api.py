@@ -34,6 +34,7 @@ from bertkit import inference, tasks
 from bertkit.config import BertConfig
 from bertkit.fileio import model_directory
 from bertkit.inference.common import as_texts
+from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
 from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
 
 # Texts per engine call when the caller gives no batch_size: the engine sorts and packs inside a
@@ -61,15 +62,23 @@ def load(path: str | os.PathLike, *, precision: str = "fp32", device: str = "aut
                                    threads=threads, truncate=truncate)
     if max_length is not None:
         options["max_length"] = max_length
-    return Model(Engine.load(directory, use=use, **options))
+    return Model(Engine.load(directory, use=use, **options), **sentence_transformers_settings(directory))
 
 
 class Model:
     """A loaded model and its uses (see the module docstring). Build with `bertkit.load`, or
-    `Model(engine)` over an `Engine` made otherwise (a model in memory)."""
+    `Model(engine)` over an `Engine` made otherwise (a model in memory).
 
-    def __init__(self, engine: Engine):
+    prompts, default_prompt_name, truncate_dim: what a sentence-transformers model's
+    config_sentence_transformers.json says (`encode` uses them as sentence-transformers does).
+    """
+
+    def __init__(self, engine: Engine, *, prompts: dict[str, str] | None = None,
+                 default_prompt_name: str | None = None, truncate_dim: int | None = None):
         self.engine = engine
+        self.prompts = dict(prompts or {})
+        self.default_prompt_name = default_prompt_name
+        self.truncate_dim = truncate_dim
 
     # -- what it is ----------------------------------------------------------------------------
     @property
@@ -109,7 +118,8 @@ class Model:
     # -- every model -----------------------------------------------------------------------------
     def encode(self, texts: str | Sequence[str], *, batch_size: int | None = None, normalize: bool = False,
                normalize_embeddings: bool | None = None, convert_to_tensor: bool = False,
-               convert_to_numpy: bool = True, pooling: str | None = None,
+               convert_to_numpy: bool = True, pooling: str | None = None, prompt_name: str | None = None,
+               prompt: str | None = None, truncate_dim: int | None = None,
                show_progress_bar: bool = False) -> np.ndarray | torch.Tensor:
         """Sentence embeddings: (N, H) float32 for a list, (H,) for one string.
 
@@ -117,9 +127,17 @@ class Model:
         normalize (or sentence-transformers' normalize_embeddings): scale to unit length.
         convert_to_tensor: a torch tensor instead of NumPy (convert_to_numpy=False: a list of
         1-D tensors, as sentence-transformers). pooling: mean, cls or max instead of the model's.
+        prompt_name / prompt: text put before every input — one of the model's named prompts, or
+        your own (default: the model's default_prompt_name, if it has one); its tokens are pooled
+        with the text's, as sentence-transformers does unless a model's pooling excludes them.
+        truncate_dim: keep the first dimensions (a Matryoshka model; default: the model's own
+        truncate_dim); the vectors are cut after the model's Normalize, then normalized only when
+        asked, as sentence-transformers does.
         """
         single = isinstance(texts, str)
         texts = as_texts(texts)
+        prefix = resolve_prompt({"prompts": self.prompts, "default_prompt_name": self.default_prompt_name},
+                                prompt_name, prompt)
         unit = normalize or bool(normalize_embeddings)
         # Not asked to normalise: the model's own Normalize module, if its files have one.
         own = None if self.engine.pooling is not None and pooling is None else False
@@ -129,9 +147,16 @@ class Model:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="encode", unit="batch")
-        parts = [inference.embed(self.engine, texts[i:i + chunk], pooling=pooling, normalize=True if unit else own)
-                 for i in starts]
+        parts = [inference.embed(self.engine, texts[i:i + chunk], pooling=pooling, normalize=True if unit else own,
+                                 prompt=prefix) for i in starts]
         vectors = torch.cat(parts) if len(parts) > 1 else parts[0]
+        dim = truncate_dim if truncate_dim is not None else self.truncate_dim
+        if dim is not None:
+            if not 0 < dim <= vectors.shape[-1]:
+                raise ValueError(f"truncate_dim must be in 1..{vectors.shape[-1]}, got {dim}")
+            vectors = vectors[:, :dim]
+            if unit:
+                vectors = torch.nn.functional.normalize(vectors, dim=-1)
         if single:
             vectors = vectors[0]
         if convert_to_tensor:

@@ -10,8 +10,9 @@ from bertkit.cli.common import add_engine_arguments, need_web_stack
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve models over HTTP (text-embeddings-inference and OpenAI APIs)",
                        description="Serve one or more model dirs in one process: POST /embed, "
-                       "/v1/embeddings, /rerank, /predict, /tokenize, /fill-mask, /ner, /qa; GET "
-                       "/health, /info, /metrics. Each request picks a model with its `model` field "
+                       "/embed_all, /similarity, /v1/embeddings, /rerank, /predict, /tokenize, /decode, "
+                       "/fill-mask, /ner, /qa; GET /v1/models, /health, /info, /metrics, /openapi.json "
+                       "(OpenAPI 3.1), /docs. Each request picks a model with its `model` field "
                        "(the first is the default); requests are batched together on one model "
                        "thread. SIGTERM or Ctrl-C: stop taking requests, finish those in flight, exit 0.")
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL_DIR",
@@ -22,6 +23,19 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="inputs in flight before new requests get 429 (512)")
     p.add_argument("--max-client-batch-size", type=int, default=32, help="inputs per request (32)")
+    p.add_argument("--openai-max-batch-size", type=int, default=2048,
+                   help="inputs per /v1/embeddings request (2048, OpenAI's limit), admitted in slices "
+                   "of half of --max-concurrent-requests")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="[MODEL=]NAME[,NAME]",
+                   help="more names a model answers to in `model` (listed by GET /v1/models); without "
+                   "MODEL=, the first model's; repeatable. Every name is unique")
+    p.add_argument("--default-prompt-name", default=None,
+                   help="the prompt (config_sentence_transformers.json `prompts`) put before texts of "
+                   "requests that name no `prompt_name`, for every model that declares it")
+    p.add_argument("--allow-truncated-dimensions", action="store_true",
+                   help="take `dimensions` for any model, not only those declaring a Matryoshka "
+                   "truncate_dim (the first N dimensions of other models are not an embedding of "
+                   "their own; see docs/serving.md)")
     p.add_argument("--max-input-length", type=int, default=None,
                    help="tokens per input (default: the model's limit); longer → 422, or cut with "
                    "--auto-truncate or the request's \"truncate\": true")
@@ -37,22 +51,28 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> None:
     need_web_stack("serve")
-    from bertkit.serve import Limits, Service, load_model, parse_model_args, serve
+    from bertkit.serve import Limits, Service, load_model, parse_model_args, parse_served_names, serve
     from bertkit.web import listen
 
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
                     max_client_batch_size=args.max_client_batch_size,
+                    openai_max_batch_size=args.openai_max_batch_size,
                     max_batch_tokens=args.max_batch_tokens, payload_limit=args.payload_limit,
                     auto_truncate=args.auto_truncate)
     options = {"precision": args.precision, "device": args.device, "max_batch_tokens": args.max_batch_tokens,
                **({"max_length": args.max_input_length} if args.max_input_length else {})}
     named = parse_model_args(args.models)
+    aliases = parse_served_names(args.served_model_name, [name for name, _ in named])
     models = {name: load_model(name, directory, **options) for name, directory in named}
+    service = Service(models, limits, api_key=args.api_key, aliases=aliases,
+                      default_prompt_name=args.default_prompt_name,
+                      allow_truncated_dimensions=args.allow_truncated_dimensions)
     sock = listen(args.host, args.port)  # before announcing: a busy port is an error line
     for model in models.values():
-        print(f"model {model.name}: {model.engine.model_dir} → {', '.join(model.uses)} "
+        names = [a for a, m in aliases.items() if m == model.name]
+        print(f"model {model.name}{' (also ' + ', '.join(names) + ')' if names else ''}: "
+              f"{model.engine.model_dir} → {', '.join(model.uses)} "
               f"({model.engine.precision}, {model.engine.device}, ≤ {model.max_length} tokens)")
     print(f"listening on http://{args.host}:{sock.getsockname()[1]} (SIGTERM or Ctrl-C stops, "
           "finishing requests in flight)", flush=True)
-    serve(Service(models, limits, api_key=args.api_key), sockets=[sock],
-          graceful_timeout=args.graceful_timeout)
+    serve(service, sockets=[sock], graceful_timeout=args.graceful_timeout)

@@ -105,17 +105,26 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
                    help="default: the model's sentence-transformers pooling, else mean")
     p.add_argument("--no-normalize", action="store_false", dest="normalize", default=None,
                    help="keep the raw pooled vectors (default: the model's setting, else unit length)")
+    p.add_argument("--prompt-name", default=None,
+                   help="one of the model's prompts (config_sentence_transformers.json) before every text "
+                   "(default: its default_prompt_name)")
+    p.add_argument("--prompt", default=None, help="your own text before every text")
+    p.add_argument("--truncate-dim", type=int, default=None,
+                   help="keep the first N dimensions (Matryoshka models), unit length again when normalized")
     p.set_defaults(func=_run_embed)
 
 
 def _run_embed(args: argparse.Namespace) -> None:
     from bertkit.inference import embed
-    from bertkit.inference.embed import resolve_pooling
+    from bertkit.inference.embed import resolve_pooling, resolve_prompt, sentence_transformers_settings
 
-    engine = _use_engine(args, "embed", pooling=args.pooling, normalize=args.normalize)
+    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
+    options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
+                   prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+    engine = _use_engine(args, "embed", **options)
     if engine is None:
         return
-    vectors = embed(engine, args.texts, pooling=args.pooling, normalize=args.normalize)
+    vectors = embed(engine, args.texts, **options)
     if args.json:
         return print_json({"text": t, "embedding": v} for t, v in zip(args.texts, vectors.tolist()))
     mode, unit = resolve_pooling(engine, args.pooling, args.normalize)

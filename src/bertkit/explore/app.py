@@ -1,10 +1,11 @@
 """The explorer's HTTP side: the page and its assets, and one JSON route per view.
 
 GET / serves static/index.html; GET /static/<file> the page's scripts and styles (everything the
-page loads comes from here: no CDN, no build step). POST /api/<view> parses the JSON body, calls
-the view's function in views.py on a worker thread (the model must not block the event loop) and
-answers its dict; a `ViewError` (or any ValueError from the library) answers 422 with
-`{error, error_type}`, the service's error shape. The views and their fields:
+page loads comes from here: no CDN, no build step). POST /api/<view> reads the JSON body into the
+view's model (schemas.py), calls the view's function in views.py on a worker thread (the model
+must not block the event loop) and answers its dict; a bad body, a `ViewError` or any ValueError
+from the library answers 422 with `{error, error_type}`, the service's error shape. GET
+/openapi.json describes every route (OpenAPI 3.1, from the same models), GET /docs renders it.
 
     GET  /api/info                                 model, parameter table, examples, task models
     POST /api/visibility {text, pair?, position}
@@ -17,7 +18,6 @@ answers its dict; a `ViewError` (or any ValueError from the library) answers 422
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from pathlib import Path
@@ -31,42 +31,63 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from bertkit import web
-from bertkit.explore import views
+from bertkit import __version__, web
+from bertkit.explore import schemas, views
 from bertkit.explore.views import Explorer, ViewError
+from bertkit.webapi import Operation, RequestError, docs_routes, document, parse
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 PAYLOAD_LIMIT = 1_000_000  # bytes of request body: a page sends a few sentences
 
-# view name → (function, the fields it accepts)
-VIEWS: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
-    "visibility": (views.visibility, ("text", "pair", "position")),
-    "assembly": (views.assembly, ("text", "pair", "position")),
-    "masking": (views.masking, ("text", "seed", "whole_word", "mlm_probability")),
-    "fill-mask": (views.fill, ("texts", "top_k")),
-    "attention": (views.attention, ("text", "pair", "pad", "layer", "head")),
-    "task": (views.task, ("model", "text", "pair", "question", "context", "texts", "query")),
+# view name → (function, request model, answer model, summary)
+VIEWS: dict[str, tuple[Callable[..., dict[str, Any]], type, type, str]] = {
+    "visibility": (views.visibility, schemas.VisibilityRequest, schemas.VisibilityResponse,
+                   "Who sees whom: BERT's attention mask against GPT's, and the training objectives"),
+    "assembly": (views.assembly, schemas.AssemblyRequest, schemas.AssemblyResponse,
+                 "A token's input vector: token + position + segment, then LayerNorm"),
+    "masking": (views.masking, schemas.MaskingRequest, schemas.MaskingResponse,
+                "The pre-training mask of a text and the model's guesses"),
+    "fill-mask": (views.fill, schemas.FillMaskRequest, schemas.FillMaskResponse, "Candidates for each [MASK]"),
+    "attention": (views.attention, schemas.AttentionRequest, schemas.AttentionResponse,
+                  "Every layer's and head's attention, and what padding does without a mask"),
+    "task": (views.task, schemas.TaskRequest, schemas.TaskResponse, "A fine-tuned model on the page's input"),
 }
+ERRORS = (413, 422, 500)
+
+
+def openapi(explorer: Explorer | None = None) -> dict[str, Any]:
+    """The explorer's OpenAPI 3.1 document (with `explorer`: the names its task models take)."""
+    operations = [Operation("/", "get", "page", "The page", media_type="text/html"),
+                  Operation("/api/info", "get", "info", "The model, its parameters, examples and task models",
+                            response=schemas.InfoResponse, errors=(500,)),
+                  *[Operation(f"/api/{name}", "post", name.replace("-", "_"), summary, request, response, ERRORS)
+                    for name, (_, request, response, summary) in VIEWS.items()],
+                  Operation("/openapi.json", "get", "openapi", "This document (OpenAPI 3.1)"),
+                  Operation("/docs", "get", "docs", "This document, rendered (Swagger UI, served from this "
+                            "process)", media_type="text/html")]
+    out = document("bertkit explore", __version__, "The explorer's API: every number the page shows.",
+                   operations, schemas.ErrorResponse)
+    if explorer is not None:
+        out["components"]["schemas"]["TaskRequest"]["properties"]["model"]["enum"] = list(explorer.tasks)
+    return out
 
 
 def _error(status: int, message: str, kind: str = "validation") -> JSONResponse:
     return JSONResponse({"error": message, "error_type": kind}, status_code=status)
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def _body(request: Request, model: type, route: str) -> dict[str, Any]:
+    """The body read into `model`: the fields the request set (the view's defaults do the rest)."""
     raw = await request.body()
     if len(raw) > PAYLOAD_LIMIT:
-        raise ViewError(f"request body of {len(raw):,} bytes is over the explorer's limit of "
-                        f"{PAYLOAD_LIMIT:,}; send shorter texts")
+        return _error(413, f"request body of {len(raw):,} bytes is over the explorer's limit of "
+                      f"{PAYLOAD_LIMIT:,}; send shorter texts", "payload_too_large")
     try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ViewError(f"the body is not JSON ({err}); send a JSON object") from None
-    if not isinstance(body, dict):
-        raise ViewError(f"the body must be a JSON object, got {type(body).__name__}")
-    return body
+        return parse(model, raw, route).model_dump(exclude_unset=True)
+    except RequestError as err:
+        raise ViewError(str(err)) from None
 
 
 def build_app(explorer: Explorer) -> Starlette:
@@ -80,16 +101,14 @@ def build_app(explorer: Explorer) -> Starlette:
             return function(explorer, **fields)
 
     def view_route(name: str) -> Callable:
-        function, accepted = VIEWS[name]
+        function, model, _, _ = VIEWS[name]
 
         async def endpoint(request: Request) -> Response:
             try:
-                body = await _body(request)
-                unknown = sorted(set(body) - set(accepted))
-                if unknown:
-                    raise ViewError(f"unknown field {unknown[0]!r} for /api/{name}; it takes "
-                                    f"{', '.join(accepted)}")
-                return JSONResponse(await run_in_threadpool(locked, function, **body))
+                fields = await _body(request, model, f"/api/{name}")
+                if isinstance(fields, Response):
+                    return fields
+                return JSONResponse(await run_in_threadpool(locked, function, **fields))
             except ViewError as err:
                 return _error(422, str(err))
             except (ValueError, TypeError) as err:
@@ -107,12 +126,19 @@ def build_app(explorer: Explorer) -> Starlette:
         return JSONResponse(await run_in_threadpool(locked, views.info))
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
-        routes = ", ".join(["GET /", "GET /api/info"] + [f"POST /api/{n}" for n in VIEWS])
+        routes = ", ".join(["GET /", "GET /api/info"] + [f"POST /api/{n}" for n in VIEWS]
+                           + ["GET /openapi.json", "GET /docs"])
         return _error(exc.status_code, f"no route {request.method} {request.url.path}; routes: {routes}",
                       "not_found" if exc.status_code == 404 else "validation")
 
+    described = JSONResponse(openapi(explorer)).body
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(described, media_type="application/json")
+
     routes = [Route("/", page), Route("/api/info", info),
               *[Route(f"/api/{name}", view_route(name), methods=["POST"]) for name in VIEWS],
+              Route("/openapi.json", openapi_json), *docs_routes("/openapi.json", "bertkit explore"),
               Mount("/static", StaticFiles(directory=STATIC), name="static")]
     return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -33,15 +35,19 @@ def pool(hidden: torch.Tensor, batch: Batch, mode: str) -> torch.Tensor:
 
 
 def embed(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, pooling: str | None = None,
-          normalize: bool | None = None, **options: Any) -> torch.Tensor:
+          normalize: bool | None = None, prompt: str = "", truncate_dim: int | None = None,
+          **options: Any) -> torch.Tensor:
     """Sentence embeddings (N, H) float32 on the CPU, in the order of `texts`.
 
     model: an Engine, or a model dir (any BERT checkpoint; `options` go to `Engine.load`).
     pooling / normalize: None = the model's own sentence-transformers settings
     (1_Pooling/config.json, a Normalize module) when it has them, else mean pooling, unit length.
+    prompt: text put before every input (`resolve_prompt` finds a model's named ones).
+    truncate_dim: keep the first dimensions (Matryoshka), unit length again when normalized (as
+    TEI's `dimensions`).
     """
     engine = engine_for(model, "embed", **options)
-    texts = as_texts(texts)
+    texts = [prompt + text for text in as_texts(texts)] if prompt else as_texts(texts)
     mode, unit = resolve_pooling(engine, pooling, normalize)
     encoder = encoder_of(engine.model)
     out = torch.empty(len(texts), engine.config.hidden_size)
@@ -52,7 +58,27 @@ def embed(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, pool
 
     for index, vectors in engine.run_encodings(engine.encode(texts), head):
         out[index] = vectors.cpu()
+    if truncate_dim is not None:
+        if not 0 < truncate_dim <= out.shape[1]:
+            raise ValueError(f"truncate_dim must be in 1..{out.shape[1]}, got {truncate_dim}")
+        out = out[:, :truncate_dim]
     return F.normalize(out, dim=-1) if unit else out
+
+
+def resolve_prompt(settings: dict[str, Any], prompt_name: str | None = None, prompt: str | None = None) -> str:
+    """The text to put before every input, as sentence-transformers chooses it: `prompt` itself,
+    else the named one of the model's prompts (`sentence_transformers_settings`), else the model's
+    default_prompt_name's, else none."""
+    if prompt is not None:
+        return prompt
+    prompts = settings.get("prompts") or {}
+    name = prompt_name if prompt_name is not None else settings.get("default_prompt_name")
+    if name is None:
+        return ""
+    if name not in prompts:
+        known = ", ".join(map(repr, prompts)) or "none (no config_sentence_transformers.json prompts)"
+        raise ValueError(f"unknown prompt_name {name!r}; this model's prompts: {known}")
+    return prompts[name]
 
 
 def resolve_pooling(engine: Engine, pooling: str | None, normalize: bool | None) -> tuple[str, bool]:
@@ -68,3 +94,25 @@ def similarity(model: Engine | str | os.PathLike, texts: Sequence[str], **option
     """Cosine similarity matrix (N, N) of the texts' embeddings."""
     vectors = embed(model, texts, normalize=True, **options)
     return vectors @ vectors.T
+
+
+def sentence_transformers_settings(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """prompts, default_prompt_name and truncate_dim from config_sentence_transformers.json (if any)."""
+    file = Path(model_dir) / "config_sentence_transformers.json"
+    if not file.is_file():
+        return {}
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{file}: not valid JSON ({err}); fix or remove it") from None
+    prompts = found.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError(f"{file}: `prompts` must map names to texts, got {prompts!r}")
+    default = found.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(f"{file}: default_prompt_name {default!r} is not one of its prompts "
+                         f"({', '.join(map(repr, prompts)) or 'none'})")
+    dim = found.get("truncate_dim")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+        raise ValueError(f"{file}: truncate_dim must be a positive integer, got {dim!r}")
+    return {"prompts": dict(prompts), "default_prompt_name": default, "truncate_dim": dim}

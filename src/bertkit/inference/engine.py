@@ -131,6 +131,26 @@ def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.
     return model
 
 
+def input_length(config, tokenizer: BertTokenizer, pooling: "Pooling | None") -> int:
+    """The pieces per input a model directory is read at, whatever the use, the command or the
+    route (the CLI, `bertkit.load`, the service and retrieval all load through `Engine.load`):
+
+    - a sentence-transformers model: its `max_seq_length`, as it was trained (capped at the model's);
+    - a cross-encoder (a sequence classifier with one relevance logit): its tokenizer's
+      `model_max_length` when below the model's limit, as sentence-transformers' CrossEncoder
+      reads pairs; `finetune --task rerank` writes its trained pair length there. Its predict,
+      classify and embed answers use the same length as its rerank, so every door agrees;
+    - otherwise the model's limit (RoBERTa: 512 of its 514 positions).
+    """
+    limit = config.max_sequence_length
+    if pooling is not None and pooling.max_seq_length:
+        return min(pooling.max_seq_length, limit)
+    cross_encoder = "ForSequenceClassification" in tasks.architecture_kinds(config) and tasks.is_cross_encoder(config)
+    if cross_encoder and 2 < tokenizer.model_max_length < limit:
+        return tokenizer.model_max_length
+    return limit
+
+
 # ---------------------------------------------------------------------------------------------
 # the engine
 # ---------------------------------------------------------------------------------------------
@@ -192,15 +212,8 @@ class Engine:
             raise ValueError(f"{model_dir} has no weights for {use} ({missing[0]} missing; the "
                              f"checkpoint is {kind}); {use} needs {needs}")
         pooling = Pooling.read(model_dir)
-        if pooling is not None and pooling.max_seq_length and "max_length" not in options:
-            options["max_length"] = min(pooling.max_seq_length, model.config.max_sequence_length)
-        elif "max_length" not in options and model.config.max_sequence_length < model.config.max_position_embeddings:
-            options["max_length"] = model.config.max_sequence_length  # RoBERTa: 514 positions, 512 tokens
-        if (use == "rerank" and "max_length" not in options
-                and 2 < tokenizer.model_max_length < model.config.max_sequence_length):
-            # A cross-encoder reads pairs at its tokenizer's model_max_length, as sentence-transformers'
-            # CrossEncoder does; `finetune --task rerank` writes its trained pair length there.
-            options["max_length"] = tokenizer.model_max_length
+        if options.get("max_length") is None:
+            options["max_length"] = input_length(model.config, tokenizer, pooling)
         return cls(model, tokenizer, model_dir=Path(model_dir), use=use, pooling=pooling, **options)
 
     # -- tokenization --------------------------------------------------------------------------

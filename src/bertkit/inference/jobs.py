@@ -101,7 +101,8 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
                 "precision": engine.precision, "max_length": engine.max_length,
                 "truncate": engine.truncate, **options}
     return run_file(input_path, out, chunk_function(use, engine, dict(options)), kind=kind,
-                    dim=engine.config.hidden_size if kind == "npy" else None, chunk_size=chunk_size,
+                    dim=(options.get("truncate_dim") or engine.config.hidden_size) if kind == "npy" else None,
+                    chunk_size=chunk_size,
                     resume=resume, overwrite=overwrite, progress=progress, settings=settings, fmt=fmt,
                     text_field=text_field, pair_field=pair_field, words_field=words_field, desc=use)
 

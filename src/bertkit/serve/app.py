@@ -1,348 +1,160 @@
-"""The HTTP routes: thin handlers over the scheduler (parse → admit → tokenize → run → shape).
+"""The app: every route listed once (`ROUTES`: path, method, handler and what the OpenAPI
+document says of it), the API key, one error shape, timing headers, /openapi.json and /docs.
 
-TEI's routes and JSON (`router/src/http/server.rs`): POST /embed, /rerank, /predict, /tokenize;
-GET /health, /info, /metrics; OpenAI's POST /v1/embeddings; and the uses TEI lacks: POST
-/fill-mask, /ner, /qa. Every route goes through `_route`, which checks the API key, turns any
-`ServeError` into its status and `{error, error_type}` body (errors.py), and counts the outcome.
-Limits and admission live in limits.py, request shapes in schemas.py.
+Handlers live in routes.py (TEI's routes and ours) and openai.py (OpenAI's); request and answer
+models in schemas.py, from which validation and the document are both made (`webapi`). Every
+route goes through `_route`, which checks the API key, turns any `ServeError` into its status and
+`{error, error_type}` body (errors.py), adds text-embeddings-inference's timing headers to a
+computed answer, and counts the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hmac
-import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
-import torch
-import torch.nn.functional as F
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse as _StarletteJSONResponse
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__, web
-from bertkit.inference.classify import score_function
-from bertkit.inference.tokens import tokens
-from bertkit.serve import schemas
-from bertkit.serve.errors import ErrorType, ServeError, validation
-from bertkit.serve.limits import Admission, Limits
-from bertkit.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from bertkit.serve.models import ServedModel
+from bertkit.serve import openai, routes, schemas
+from bertkit.serve.errors import ErrorType, ServeError
+from bertkit.serve.responses import JSONResponse
 from bertkit.serve.scheduler import Scheduler
+from bertkit.serve.service import Service
+from bertkit.webapi import Operation, docs_routes, document
 
 log = logging.getLogger(__name__)
 
-try:
-    import orjson
-except ImportError:  # the serve extra installs it; without it Python's json writes the answers
-    orjson = None
+# TEI's timing headers, on every answer that ran a model or the tokenizer (milliseconds).
+HEADERS = {
+    "x-compute-type": "where the model ran: cpu or cuda",
+    "x-compute-time": "milliseconds from the request's arrival to its answer",
+    "x-compute-characters": "characters of the inputs",
+    "x-compute-tokens": "tokens of the inputs (an estimate from characters for fill-mask, ner and qa)",
+    "x-total-time": "milliseconds from the request's arrival to its answer",
+    "x-tokenization-time": "milliseconds spent tokenizing",
+    "x-queue-time": "milliseconds its inputs waited for the model thread",
+    "x-inference-time": "milliseconds of the model runs its inputs were part of",
+}
+TIMED = tuple(HEADERS)
+
+BODY_ERRORS = (401, 404, 413, 422, 424, 429, 500, 503)  # a model route: every way it can fail
+GET_ERRORS = (401,)
 
 
-class JSONResponse(_StarletteJSONResponse):
-    """Starlette's JSONResponse, encoded by orjson when installed: it encodes an embedding about
-    twenty times faster than Python's json, on the event loop every request passes through."""
-
-    def render(self, content: Any) -> bytes:
-        if orjson is None:
-            return super().render(content)
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+@dataclass(frozen=True)
+class RouteSpec:
+    handler: Callable[[Service, Request], Any]
+    operation: Operation
+    open_route: bool = False  # answered without the API key
 
 
-@dataclass
-class Service:
-    """What the handlers share: the models (first = default), limits, admission, queue, metrics."""
-    models: dict[str, ServedModel]
-    limits: Limits = field(default_factory=Limits)
-    api_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.models:
-            raise ValueError("a service needs at least one model")
-        self.default = next(iter(self.models))
-        self.metrics = Metrics()
-        self.admission = Admission(self.limits)
-        self.scheduler: Scheduler | None = None  # made when the app starts (it owns threads)
-
-    def model(self, name: str | None, use: str) -> ServedModel:
-        found = self.models.get(name or self.default)
-        if found is None:
-            raise ServeError(ErrorType.NOT_FOUND, f"model {name!r} is not served here; `model` "
-                             f"must be one of {', '.join(map(repr, self.models))}")
-        if use not in found.uses:
-            raise ServeError(ErrorType.UNSUPPORTED, f"model {found.name!r} does not serve {use} "
-                             f"(its head gives {', '.join(found.uses)}); send it to a model that "
-                             f"does, with `model`")
-        return found
+def _op(path: str, method: str, name: str, summary: str, request=None, response=None,
+        errors=BODY_ERRORS, timed: bool = True, **more: Any) -> Operation:
+    if path.startswith("/v1/"):
+        more["error_model"] = schemas.OpenAIErrorResponse
+    return Operation(path, method, name, summary, request, response, errors, headers=TIMED if timed else (), **more)
 
 
-# ---------------------------------------------------------------------------------------------
-# shared steps
-# ---------------------------------------------------------------------------------------------
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON; 413 past `limit` bytes (checked before reading when the length is sent)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ServeError(ErrorType.PAYLOAD_TOO_LARGE, f"request body of {int(declared):,} bytes is over "
-                         f"the payload limit of {limit:,} bytes (--payload-limit); send fewer or "
-                         "shorter inputs per request")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ServeError(ErrorType.PAYLOAD_TOO_LARGE, f"request body is over the payload limit "
-                             f"of {limit:,} bytes (--payload-limit); send fewer or shorter inputs")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw:
-        raise validation("the request has no body; send a JSON object")
-    try:
-        return json.loads(raw)
-    except ValueError as err:  # UnicodeDecodeError too
-        raise validation(f"the body is not valid JSON: {err}") from None
+ROUTES: list[RouteSpec] = [
+    RouteSpec(routes.route_compat, _op("/", "post", "compat", "TEI's catch-all: /embed, /predict, /rerank or "
+                                       "/similarity, by the body and the model's head", schemas.CompatRequest,
+                                       schemas.CompatResponse)),
+    RouteSpec(routes.route_embed, _op("/embed", "post", "embed", "Sentence embeddings (TEI)",
+                                      schemas.EmbedRequest, schemas.EmbedResponse)),
+    RouteSpec(routes.route_embed_all, _op("/embed_all", "post", "embed_all", "Every token's vector, "
+                                          "not pooled (TEI)", schemas.EmbedAllRequest, schemas.EmbedAllResponse)),
+    RouteSpec(routes.route_similarity, _op("/similarity", "post", "similarity", "Cosine similarity of "
+                                           "sentences to a source sentence (TEI)", schemas.SimilarityRequest,
+                                           schemas.SimilarityResponse)),
+    RouteSpec(openai.route_embeddings, _op("/v1/embeddings", "post", "openai_embeddings", "Embeddings in "
+                                           "OpenAI's shape", schemas.OpenAIEmbeddingRequest,
+                                           schemas.OpenAIEmbeddingResponse)),
+    RouteSpec(openai.route_models, _op("/v1/models", "get", "openai_models", "The served models and "
+                                       "aliases, in OpenAI's shape", response=schemas.ModelList,
+                                       errors=GET_ERRORS, timed=False)),
+    RouteSpec(openai.route_model, _op("/v1/models/{model}", "get", "openai_model", "One served model or "
+                                      "alias, in OpenAI's shape", response=schemas.ModelCard,
+                                      errors=(401, 404), timed=False,
+                                      parameters=({"name": "model", "in": "path", "required": True,
+                                                   "schema": {"type": "string"}},))),
+    RouteSpec(routes.route_rerank, _op("/rerank", "post", "rerank", "Texts ordered by a cross-encoder's "
+                                       "relevance to a query (TEI)", schemas.RerankRequest, schemas.RerankResponse)),
+    RouteSpec(routes.route_predict, _op("/predict", "post", "predict", "Labels of texts or pairs (TEI)",
+                                        schemas.PredictRequest, schemas.PredictResponse)),
+    RouteSpec(routes.route_tokenize, _op("/tokenize", "post", "tokenize", "Tokens with ids and character "
+                                         "spans (TEI)", schemas.TokenizeRequest, schemas.TokenizeResponse,
+                                         timed=False)),
+    RouteSpec(routes.route_decode, _op("/decode", "post", "decode", "Token ids back to text (TEI)",
+                                       schemas.DecodeRequest, schemas.DecodeResponse, timed=False)),
+    RouteSpec(routes.route_fill_mask, _op("/fill-mask", "post", "fill_mask", "Candidates for each [MASK]",
+                                          schemas.FillMaskRequest, schemas.FillMaskResponse)),
+    RouteSpec(routes.route_ner, _op("/ner", "post", "ner", "Named entities", schemas.NerRequest,
+                                    schemas.NerResponse)),
+    RouteSpec(routes.route_qa, _op("/qa", "post", "qa", "Answer spans of questions in contexts",
+                                   schemas.QARequest, schemas.QAResponse)),
+    RouteSpec(routes.route_health, _op("/health", "get", "health", "200 when the model thread runs",
+                                       errors=(503,), timed=False, media_type=None), open_route=True),
+    RouteSpec(routes.route_info, _op("/info", "get", "info", "The default model, every model, the limits (TEI)",
+                                     response=schemas.Info, errors=GET_ERRORS, timed=False)),
+    RouteSpec(routes.route_metrics, _op("/metrics", "get", "metrics", "Prometheus metrics", errors=GET_ERRORS,
+                                        timed=False, media_type="text/plain")),
+]
 
 
-# Below this many characters a request is tokenized on the event loop: tens of microseconds,
-# less than the two thread switches of the tokenizing thread (which, on a busy CPU, cost
-# milliseconds each). Longer requests go to the tokenizing thread so the loop stays responsive.
-INLINE_CHARS = 2048
+def openapi(service: Service | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the service: every route of ROUTES, /openapi.json and /docs."""
+    own = [Operation("/openapi.json", "get", "openapi", "This document (OpenAPI 3.1)"),
+           Operation("/docs", "get", "docs", "This document, rendered (Swagger UI, served from this "
+                     "process)", media_type="text/html")]
+    description = ("BERT models over HTTP: text-embeddings-inference's routes and JSON, OpenAI's "
+                   "/v1/embeddings and /v1/models, and fill-mask, NER and QA. Every error answers "
+                   "{error, error_type}.")
+    out = document("bertkit serve", __version__, description, [r.operation for r in ROUTES] + own,
+                   schemas.ErrorResponse, HEADERS, security=service is not None and service.api_key is not None)
+    if service is not None:  # the names `model` takes here, so clients and gateways can check them
+        names = service.names()
+        for schema in out["components"]["schemas"].values():
+            field = schema.get("properties", {}).get("model")
+            if field is not None and "anyOf" in field and schema.get("additionalProperties") is False:
+                field["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
+    return out
 
 
-async def tokenized(service: Service, model: ServedModel, texts: list[str], pairs: list[str] | None,
-                    truncate: bool, field_name: str) -> tuple[list[tuple[list[int], list[int]]], int]:
-    chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs else 0)
-    if chars <= INLINE_CHARS:
-        return encode(model.loop_tokenizer, model, texts, pairs, truncate, field_name)
-    return await service.scheduler.tokenize(encode, model.tokenizer, model, texts, pairs, truncate, field_name)
+def error_response(err: ServeError, openai: bool = False) -> JSONResponse:
+    """TEI's `{error, error_type}`; on OpenAI's routes OpenAI's `{error: {message, type, param, code}}`."""
+    body = ({"error": {"message": err.message, "type": err.error_type.value, "param": None, "code": err.status}}
+            if openai else err.body())
+    return JSONResponse(body, status_code=err.status, headers=err.headers())
 
 
-def encode(tokenizer, model: ServedModel, texts: list[str], pairs: list[str] | None, truncate: bool,
-           field_name: str) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(ids, type_ids) per input and their token count; over-long inputs cut or refused (422).
-    `tokenizer`: the copy owned by the calling thread (see ServedModel)."""
-    encodings = tokenizer.encode_raw(texts, pairs, max_length=model.max_length)
-    if not truncate:
-        for i, e in enumerate(encodings):
-            if e.overflowing:
-                raise validation(f"`{field_name}[{i}]` is longer than max_input_length {model.max_length} "
-                                 "tokens; shorten it, send \"truncate\": true, or start the server "
-                                 "with --auto-truncate")
-    items = [(e.ids, e.type_ids) for e in encodings]
-    return items, sum(len(ids) for ids, _ in items)
-
-
-async def until_disconnected(request: Request) -> None:
-    """Returns when the client closes the connection (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def answer(service: Service, request: Request, work: Awaitable[Any]) -> Any:
-    """`work`'s result, or CancelledError when the client goes away first (its job is dropped)."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(until_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise asyncio.CancelledError("client disconnected")
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-
-
-async def run_admitted(service: Service, request: Request, n: int, work: Callable[[], Awaitable[Any]]) -> Any:
-    """Admit `n` inputs (or 429), run `work`, give the permits back however it ends."""
-    with service.admission.acquire(n):
-        service.metrics.in_flight.set(service.admission.in_flight)
-        try:
-            return await answer(service, request, work())
-        finally:
-            service.metrics.in_flight.set(service.admission.in_flight - n)
-
-
-def _truncate(service: Service, asked: bool | None) -> bool:
-    return service.limits.auto_truncate if asked is None else asked
-
-
-# ---------------------------------------------------------------------------------------------
-# routes
-# ---------------------------------------------------------------------------------------------
-async def embed_vectors(service: Service, request: Request, model: ServedModel, texts: list[str],
-                        truncate: bool, field_name: str) -> tuple[torch.Tensor, int]:
-    async def work():
-        items, tokens = await tokenized(service, model, texts, None, truncate, field_name)
-        return torch.stack(await service.scheduler.submit(model, "embed", (), items, tokens)), tokens
-
-    return await run_admitted(service, request, len(texts), work)
-
-
-async def route_embed(service: Service, request: Request) -> Response:
-    req = schemas.embed_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "embed")
-    service.limits.check_batch("inputs", len(req.inputs))
-    vectors, _ = await embed_vectors(service, request, model, req.inputs,
-                                     _truncate(service, req.truncate), "inputs")
-    if req.normalize:
-        vectors = F.normalize(vectors, dim=-1)
-    return JSONResponse(vectors.tolist())
-
-
-async def route_openai_embeddings(service: Service, request: Request) -> Response:
-    req = schemas.openai_embed_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "embed")
-    service.limits.check_batch("input", len(req.inputs))
-    vectors, tokens = await embed_vectors(service, request, model, req.inputs,
-                                          service.limits.auto_truncate, "input")
-    vectors = F.normalize(vectors, dim=-1)  # OpenAI's embeddings are unit length
-    if req.base64:  # little-endian float32 bytes, as OpenAI's clients decode them
-        rows = [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii") for v in vectors]
-    else:
-        rows = vectors.tolist()
-    return JSONResponse({"object": "list", "model": model.name,
-                         "data": [{"object": "embedding", "embedding": row, "index": i}
-                                  for i, row in enumerate(rows)],
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-
-
-async def classifier_logits(service: Service, request: Request, model: ServedModel, texts: list[str],
-                            pairs: list[str] | None, truncate: bool, field_name: str) -> torch.Tensor:
-    async def work():
-        items, tokens = await tokenized(service, model, texts, pairs, truncate, field_name)
-        return torch.stack(await service.scheduler.submit(model, "logits", (), items, tokens))
-
-    return await run_admitted(service, request, len(texts), work)
-
-
-async def route_predict(service: Service, request: Request) -> Response:
-    req = schemas.predict_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "predict")
-    service.limits.check_batch("inputs", len(req.inputs))
-    truncate = _truncate(service, req.truncate)
-    singles = [i for i, (_, b) in enumerate(req.inputs) if b is None]
-    pairs = [i for i, (_, b) in enumerate(req.inputs) if b is not None]
-    logits = torch.empty(len(req.inputs), model.engine.config.num_labels)
-    # Texts and pairs tokenize separately (the tokenizer takes one kind per call) but share a run.
-    parts = []
-    if singles:
-        parts.append((singles, classifier_logits(service, request, model, [req.inputs[i][0] for i in singles],
-                                                 None, truncate, "inputs")))
-    if pairs:
-        parts.append((pairs, classifier_logits(service, request, model, [req.inputs[i][0] for i in pairs],
-                                               [req.inputs[i][1] for i in pairs], truncate, "inputs")))
-    for index, rows in zip([p[0] for p in parts], await asyncio.gather(*[p[1] for p in parts])):
-        logits[index] = rows
-    config = model.engine.config
-    function = "none" if req.raw_scores else score_function(config)
-    scores = logits.softmax(-1) if function == "softmax" else logits.sigmoid() if function == "sigmoid" else logits
-    labels = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
-    out = [sorted(({"score": s, "label": labels[k]} for k, s in enumerate(row)), key=lambda p: -p["score"])
-           for row in scores.tolist()]
-    return JSONResponse(out[0] if req.single else out)
-
-
-async def route_rerank(service: Service, request: Request) -> Response:
-    req = schemas.rerank_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "rerank")
-    service.limits.check_batch("texts", len(req.texts))
-    logits = await classifier_logits(service, request, model, [req.query] * len(req.texts), req.texts,
-                                     _truncate(service, req.truncate), "texts")
-    raw = logits[:, 0]
-    scores = (raw if req.raw_scores else raw.sigmoid()).tolist()
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    return JSONResponse([{"index": i, "score": scores[i], **({"text": req.texts[i]} if req.return_text else {})}
-                         for i in order])
-
-
-def tokens_of(model: ServedModel, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
-    """TEI's /tokenize answer: per token its id, text, special flag and character span."""
-    return tokens(model.engine, texts, add_special_tokens=add_special_tokens, tokenizer=model.tokenizer)
-
-
-async def route_tokenize(service: Service, request: Request) -> Response:
-    req = schemas.tokenize_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "tokenize")
-    service.limits.check_batch("inputs", len(req.inputs))
-    return JSONResponse(await service.scheduler.tokenize(tokens_of, model, req.inputs, req.add_special_tokens))
-
-
-async def library_use(service: Service, request: Request, model: ServedModel, use: str, key: tuple,
-                      items: list[Any], chars: int) -> list[Any]:
-    """A use run by the library on merged inputs; tokens estimated from characters (~4 a token)."""
-    return await run_admitted(service, request, len(items),
-                              lambda: service.scheduler.submit(model, use, key, items, chars // 4 + 2 * len(items)))
-
-
-async def route_fill_mask(service: Service, request: Request) -> Response:
-    req = schemas.fill_mask_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "fill-mask")
-    service.limits.check_batch("inputs", len(req.inputs))
-    out = await library_use(service, request, model, "fill-mask", (req.top_k, req.targets), req.inputs,
-                            sum(map(len, req.inputs)))
-    return JSONResponse(out[0] if req.single else out)
-
-
-async def route_ner(service: Service, request: Request) -> Response:
-    req = schemas.ner_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "ner")
-    service.limits.check_batch("inputs", len(req.inputs))
-    out = await library_use(service, request, model, "ner", (), req.inputs, sum(map(len, req.inputs)))
-    return JSONResponse(out[0] if req.single else out)
-
-
-async def route_qa(service: Service, request: Request) -> Response:
-    req = schemas.qa_request(await read_json(request, service.limits.payload_limit))
-    model = service.model(req.model, "qa")
-    service.limits.check_batch("question", len(req.questions))
-    items = list(zip(req.questions, req.contexts))
-    out = await library_use(service, request, model, "qa", (req.top_k, req.max_answer_length, req.allow_no_answer),
-                            items, sum(len(q) + len(c) for q, c in items))
-    return JSONResponse(out[0] if req.single else out)
-
-
-async def route_health(service: Service, request: Request) -> Response:
-    if service.scheduler is None or not service.scheduler.alive:
-        raise ServeError(ErrorType.UNHEALTHY, "the model thread is not running (starting or shutting down)",
-                         retry_after=1)
-    return Response(status_code=200)
-
-
-async def route_info(service: Service, request: Request) -> Response:
-    default = service.models[service.default]
-    limits = service.limits
-    return JSONResponse({**default.describe(), "max_concurrent_requests": limits.max_concurrent_requests,
-                         "max_batch_tokens": limits.max_batch_tokens, "max_batch_requests": None,
-                         "max_client_batch_size": limits.max_client_batch_size,
-                         "payload_limit": limits.payload_limit, "auto_truncate": limits.auto_truncate,
-                         "tokenization_workers": 1, "version": __version__,
-                         "models": [m.describe() for m in service.models.values()]})
-
-
-async def route_metrics(service: Service, request: Request) -> Response:
-    return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-# ---------------------------------------------------------------------------------------------
-# the app
-# ---------------------------------------------------------------------------------------------
-def error_response(err: ServeError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+def timing_headers(service: Service, request: Request, response: Response) -> None:
+    timing = getattr(request.state, "timing", None)
+    if timing is None:
+        return
+    total = round((time.perf_counter() - timing.start) * 1000)
+    device = next(iter(service.models.values())).engine.device.type
+    response.headers.update({
+        "x-compute-type": device, "x-compute-time": str(total), "x-compute-characters": str(timing.characters),
+        "x-compute-tokens": str(timing.tokens), "x-total-time": str(total),
+        "x-tokenization-time": str(round(timing.tokenization * 1000)),
+        "x-queue-time": str(round(timing.queue * 1000)), "x-inference-time": str(round(timing.inference * 1000))})
 
 
 def _route(service: Service, name: str, handler, open_route: bool = False):
+    openai = name.startswith("/v1/")
+
     async def endpoint(request: Request) -> Response:
-        start = time.perf_counter()
+        start = request.state.arrived = time.perf_counter()
         outcome = "success"
         try:
             if service.api_key and not open_route:
@@ -350,29 +162,24 @@ def _route(service: Service, name: str, handler, open_route: bool = False):
                 if not hmac.compare_digest(sent.encode(), f"Bearer {service.api_key}".encode()):
                     raise ServeError(ErrorType.UNAUTHORIZED, "missing or wrong API key; send the "
                                      "header `Authorization: Bearer <key>` given to --api-key")
-            return await handler(service, request)
+            response = await handler(service, request)
+            timing_headers(service, request, response)
+            return response
         except ServeError as err:
             outcome = err.error_type.value
-            return error_response(err)
+            return error_response(err, openai)
         except asyncio.CancelledError:
             outcome = "disconnected"
             raise
         except Exception as err:  # noqa: BLE001  a bug must answer 500, not drop the connection
             outcome = ErrorType.BACKEND.value
             log.exception("%s failed", name)
-            return error_response(ServeError(ErrorType.BACKEND, f"{name} failed: {type(err).__name__}: {err}"))
+            return error_response(ServeError(ErrorType.BACKEND, f"{name} failed: {type(err).__name__}: {err}"), openai)
         finally:
             service.metrics.requests.labels(name, outcome).inc()
             service.metrics.request_seconds.labels(name).observe(time.perf_counter() - start)
 
     return endpoint
-
-
-ROUTES = [("/embed", "POST", route_embed), ("/v1/embeddings", "POST", route_openai_embeddings),
-          ("/rerank", "POST", route_rerank), ("/predict", "POST", route_predict),
-          ("/tokenize", "POST", route_tokenize), ("/fill-mask", "POST", route_fill_mask),
-          ("/ner", "POST", route_ner), ("/qa", "POST", route_qa), ("/health", "GET", route_health),
-          ("/info", "GET", route_info), ("/metrics", "GET", route_metrics)]
 
 
 def build_app(service: Service) -> Starlette:
@@ -386,17 +193,28 @@ def build_app(service: Service) -> Starlette:
         finally:  # uvicorn has stopped taking connections and waited for the open ones
             await service.scheduler.stop()
 
+    listed = [f"{r.operation.method.upper()} {r.operation.path}" for r in ROUTES]
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.VALIDATION
-        message = (f"no route {request.method} {request.url.path}; routes: "
-                   f"{', '.join(f'{m} {p}' for p, m, _ in ROUTES)}")
+        message = (f"no route {request.method} {request.url.path}; routes: {', '.join(listed)}, "
+                   "GET /openapi.json, GET /docs")
         response = error_response(ServeError(kind, message))
         response.status_code = exc.status_code
+        if exc.headers:
+            response.headers.update(exc.headers)
         return response
 
-    routes = [Route(path, _route(service, path, handler, open_route=path == "/health"), methods=[method])
-              for path, method, handler in ROUTES]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    document_json = JSONResponse(openapi(service)).body
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(document_json, media_type="application/json")
+
+    app_routes = [Route(r.operation.path, _route(service, r.operation.path, r.handler, r.open_route),
+                        methods=[r.operation.method.upper()]) for r in ROUTES]
+    app_routes += [Route("/openapi.json", openapi_json, methods=["GET"]),
+                   *docs_routes("/openapi.json", "bertkit serve")]
+    return Starlette(routes=app_routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
 
 def serve(service: Service, host: str = "127.0.0.1", port: int = 8080, *, sockets=None,

@@ -19,6 +19,10 @@ class Limits:
     # TEI's defaults, so a client tuned against TEI sees the same limits.
     max_concurrent_requests: int = 512  # inputs in flight, all requests together
     max_client_batch_size: int = 32  # inputs in one request
+    # inputs in one /v1/embeddings request: OpenAI's own limit, since its client libraries send
+    # hundreds at a time; admitted a slice at a time (`slice_size`), so it never needs more
+    # permits than a slice's.
+    openai_max_batch_size: int = 2048
     max_batch_tokens: int = 8192  # real tokens per model run (the engine's token budget)
     payload_limit: int = 2_000_000  # bytes of request body
     auto_truncate: bool = False  # True: inputs over the model's limit are cut, not refused
@@ -26,7 +30,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_requests", "max_client_batch_size", "max_batch_tokens",
-                     "payload_limit"):
+                     "payload_limit", "openai_max_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_client_batch_size > self.max_concurrent_requests:
@@ -34,11 +38,21 @@ class Limits:
                              f"--max-concurrent-requests {self.max_concurrent_requests}, so a full "
                              "request could never be admitted; lower it or raise the other")
 
-    def check_batch(self, field: str, n: int) -> None:
-        if n > self.max_client_batch_size:
-            raise validation(f"`{field}` has {n} inputs, more than max_client_batch_size "
-                             f"{self.max_client_batch_size}; split the request (or start the "
-                             "server with a larger --max-client-batch-size)")
+    def check_batch(self, field: str, n: int, openai: bool = False) -> None:
+        limit, flag = ((self.openai_max_batch_size, "openai_max_batch_size") if openai
+                       else (self.max_client_batch_size, "max_client_batch_size"))
+        if n > limit:
+            raise validation(f"`{field}` has {n} inputs, more than {flag} {limit}; split the request "
+                             f"(or start the server with a larger --{flag.replace('_', '-')})")
+
+    @property
+    def slice_size(self) -> int:
+        """Inputs a request has in flight at once, hence the permits it holds: a request larger
+        than this (only /v1/embeddings allows one) runs in slices of this many, one after the
+        other, holding this many permits throughout. Half the pool, so two large requests run
+        side by side and a third is told to come back (429) rather than queued without bound;
+        at least a full --max-client-batch-size, so every TEI request runs in one slice."""
+        return max(self.max_client_batch_size, self.max_concurrent_requests // 2)
 
 
 class Admission:

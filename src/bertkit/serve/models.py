@@ -17,6 +17,7 @@ from typing import Any
 from bertkit import tasks
 from bertkit.fileio import model_directory
 from bertkit.inference import Engine
+from bertkit.inference.embed import sentence_transformers_settings
 from bertkit.tokenizer import BertTokenizer
 
 
@@ -35,6 +36,12 @@ class ServedModel:
     uses: tuple[str, ...]
     loop_tokenizer: BertTokenizer | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # sentence-transformers' config_sentence_transformers.json: named prompts put before a text,
+    # the one used when a request names none, and `truncate_dim` (a Matryoshka model's own
+    # output size): declaring it is what allows a request's `dimensions`.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    truncate_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.loop_tokenizer is None:
@@ -59,7 +66,8 @@ class ServedModel:
                 "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[self.engine.precision],
                 "precision": self.engine.precision, "device": str(self.engine.device),
                 "model_type": model_type, "uses": list(self.uses), "max_input_length": self.max_length,
-                "hidden_size": config.hidden_size}
+                "hidden_size": config.hidden_size, "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name, "truncate_dim": self.truncate_dim}
 
 
 def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -> ServedModel:
@@ -70,7 +78,30 @@ def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -
     routes = [*tasks.COMMON_ROUTES, *tasks.USES[use].routes]
     if use == "classify" and tasks.is_cross_encoder(engine.config):
         routes += tasks.USES["rerank"].routes
-    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(routes))
+    settings = sentence_transformers_settings(path)  # prompts, default_prompt_name, truncate_dim
+    return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(routes), **settings)
+
+
+def parse_served_names(specs: list[str], models: list[str]) -> dict[str, str]:
+    """--served-model-name values → {alias: model}. "ALIAS[,ALIAS...]" names the first model;
+    "MODEL=ALIAS[,ALIAS...]" the model named MODEL. Every name, model or alias, is unique."""
+    aliases: dict[str, str] = {}
+    for spec in specs:
+        target, sep, names = spec.rpartition("=")
+        target = target if sep else models[0]
+        if target not in models:
+            raise ValueError(f"--served-model-name {spec!r}: no model is named {target!r}; models: "
+                             f"{', '.join(map(repr, models))}")
+        for alias in names.split(","):
+            alias = alias.strip()
+            if not alias:
+                raise ValueError(f"--served-model-name {spec!r} has an empty name")
+            if alias in models or alias in aliases:
+                raise ValueError(f"--served-model-name: the name {alias!r} is taken (by "
+                                 f"{'a model' if alias in models else 'model ' + repr(aliases[alias])}); "
+                                 "model names and aliases must be unique")
+            aliases[alias] = target
+    return aliases
 
 
 def parse_model_args(specs: list[str]) -> list[tuple[str, str]]:

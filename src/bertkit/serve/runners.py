@@ -42,6 +42,17 @@ def run_embed(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torc
     return _run_ids(model, items, head)
 
 
+def run_token_vectors(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
+    """(T, H) float32 last-layer state of every token of each sequence, specials included (TEI's /embed_all)."""
+    encoder = encoder_of(model.engine.model)
+
+    def head(_model, batch) -> list[torch.Tensor]:
+        hidden = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).hidden
+        return batch.split(hidden.float().cpu())  # [(T_i, H)]
+
+    return _run_ids(model, items, head)
+
+
 def run_logits(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
     """(K,) float32 classifier logits per sequence (a text or a pair)."""
 
@@ -69,5 +80,6 @@ def run_qa(model: ServedModel, key: tuple, pairs: Sequence[tuple[str, str]]) -> 
 
 
 RUNNERS: dict[str, Callable[[ServedModel, tuple, Sequence[Any]], list[Any]]] = {
-    "embed": run_embed, "logits": run_logits, "fill-mask": run_fill_mask, "ner": run_ner, "qa": run_qa,
+    "embed": run_embed, "token-vectors": run_token_vectors, "logits": run_logits,
+    "fill-mask": run_fill_mask, "ner": run_ner, "qa": run_qa,
 }

@@ -50,6 +50,18 @@ def _trimmer() -> Callable[[], Any] | None:
 
 
 @dataclass
+class Timing:
+    """Where a request's time went, in seconds (sent back in TEI's x-...-time headers), and what
+    it computed. The model thread adds queue and inference time before it resolves the job."""
+    tokenization: float = 0.0
+    queue: float = 0.0
+    inference: float = 0.0
+    characters: int = 0
+    tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
 class Job:
     model: ServedModel
     use: str  # a key of runners.RUNNERS
@@ -59,6 +71,7 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+    timing: Timing | None = None
 
     @property
     def group(self) -> tuple:
@@ -85,10 +98,11 @@ class Scheduler:
         """fn(*args) on the tokenizing thread (the one user of each model's serve tokenizer)."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer, fn, *args)
 
-    async def submit(self, model: ServedModel, use: str, key: tuple, items: list[Any], tokens: int) -> list[Any]:
+    async def submit(self, model: ServedModel, use: str, key: tuple, items: list[Any], tokens: int,
+                     timing: Timing | None = None) -> list[Any]:
         """The runner's results for `items`, computed on the model thread with other jobs."""
         loop = asyncio.get_running_loop()
-        job = Job(model, use, key, items, tokens, loop.create_future(), loop)
+        job = Job(model, use, key, items, tokens, loop.create_future(), loop, timing=timing)
         with self._cond:
             if self._stopping:
                 raise ServeError(ErrorType.UNHEALTHY, "the server is shutting down; retry on another "
@@ -179,6 +193,9 @@ class Scheduler:
         self.runs += 1
         offset = 0
         for job in jobs:
+            if job.timing is not None:  # read by the request once its future is resolved
+                job.timing.queue += start - job.enqueued
+                job.timing.inference += elapsed
             _resolve(job, results[offset:offset + len(job.items)])
             offset += len(job.items)
 

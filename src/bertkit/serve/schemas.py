@@ -1,266 +1,386 @@
-"""Request shapes: JSON bodies checked field by field into small dataclasses.
+"""Request and response models, declared once: validation reads them, and so does /openapi.json.
 
-The fields and their defaults are text-embeddings-inference's (`router/src/http/types.rs`) and
-OpenAI's (`/v1/embeddings`), plus an optional `model` (the name of one of the served models;
-absent = the first). Every check names the field and what it got, and raises a validation
-error (422); keys a route does not know are refused by name, so a typo ("input" for "inputs")
-is not silently ignored.
+Fields and defaults are text-embeddings-inference's (`router/src/http/types.rs`) and OpenAI's
+(`/v1/embeddings`, `/v1/models`), plus an optional `model` on every request (the name or alias of
+one of the served models; absent = the first). Requests are strict (a string is not a number,
+"true" is not true) and closed (an unknown key is refused by name, so a typo such as "input" for
+"inputs" is not silently ignored). `read` turns the first problem into one line naming the field
+(`webapi.parse`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
-from bertkit.serve.errors import validation
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
-JSON = Any
-
+from bertkit.serve.errors import ErrorType, validation
+from bertkit.webapi import RequestError, parse
 
 # ---------------------------------------------------------------------------------------------
-# field readers
+# inputs
 # ---------------------------------------------------------------------------------------------
-def _object(body: JSON, route: str, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise validation(f"the body of {route} must be a JSON object, got {_kind(body)}")
-    unknown = sorted(set(body) - allowed - {"model"})
-    if unknown:
-        raise validation(f"unknown field `{unknown[0]}` for {route}; it takes "
-                         f"{', '.join(f'`{k}`' for k in sorted(allowed | {'model'}))}")
-    return body
+Text = Annotated[str, Field(pattern=r"\S", description="a non-empty text")]
+Model = Annotated[str | None, Field(description="the served model's name or alias (absent: the first model)")]
 
 
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+def _shape(value: Any) -> str:
+    return "<texts>" if isinstance(value, list) else "<text>"
 
 
-def _required(body: dict, key: str) -> Any:
-    if key not in body or body[key] is None:
-        raise validation(f"missing field `{key}`")
-    return body[key]
+# A text or a non-empty list of texts. The branches are tagged so an error names the field, not
+# pydantic's union member; TAGS says what each branch takes, for messages.
+Texts = Annotated[Union[Annotated[Text, Tag("<text>")],
+                        Annotated[list[Text], Field(min_length=1), Tag("<texts>")]], Discriminator(_shape)]
 
 
-def _bool(body: dict, key: str, default: bool | None) -> bool | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise validation(f"`{key}` must be true or false, got {_kind(value)}")
-    return value
-
-
-def _int(body: dict, key: str, default: int, minimum: int = 1) -> int:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise validation(f"`{key}` must be an integer of at least {minimum}, got {value!r}")
-    return value
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise validation(f"{where} must be a string, got {_kind(value)}")
-    if not value.strip():
-        raise validation(f"{where} is empty")
-    return value
-
-
-def _texts(body: dict, key: str) -> tuple[list[str], bool]:
-    """A string or a non-empty list of strings → (texts, whether a single string was sent)."""
-    value = _required(body, key)
+def _pair_shape(value: Any) -> str:
     if isinstance(value, str):
-        return [_text(value, f"`{key}`")], True
-    if not isinstance(value, list):
-        raise validation(f"`{key}` must be a string or a list of strings, got {_kind(value)}")
-    if not value:
-        raise validation(f"`{key}` is an empty list; send at least one text")
-    return [_text(v, f"`{key}[{i}]`") for i, v in enumerate(value)], False
+        return "<text>"
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return "<pair>"
+    return "<batch>" if isinstance(value, list) else "<text>"
 
 
-def _model(body: dict) -> str | None:
-    value = body.get("model")
-    if value is not None and not isinstance(value, str):
-        raise validation(f"`model` must be a string (a served model's name), got {_kind(value)}")
-    return value
+def _item_shape(value: Any) -> str:
+    return "<pair>" if isinstance(value, list) else "<text>"
 
 
-def _tei_extras(body: dict) -> None:
-    """TEI fields accepted with their neutral value only: anything else is not done here."""
-    direction = body.get("truncation_direction")
-    if direction is not None and str(direction).lower() != "right":
-        raise validation(f"`truncation_direction` {direction!r} is not supported; only \"Right\" "
-                         "(the end of a text is cut)")
-    for key in ("prompt_name", "dimensions"):
-        if body.get(key) is not None:
-            raise validation(f"`{key}` is not supported by this server; leave it out")
+Seq = Annotated[list[Text], Field(min_length=1, max_length=2, description="[text] or [text, pair]")]
+Item = Annotated[Union[Annotated[Text, Tag("<text>")], Annotated[Seq, Tag("<pair>")]], Discriminator(_item_shape)]
+PredictInputs = Annotated[Union[Annotated[Text, Tag("<text>")],
+                                Annotated[Seq, Tag("<pair>")],
+                                Annotated[list[Item], Field(min_length=1), Tag("<batch>")]],
+                          Discriminator(_pair_shape)]
+TAGS = {"<text>": "a string or a list of strings", "<texts>": "a list of strings",
+        "<pair>": "a list of one or two strings (a text, or a text and its pair)",
+        "<batch>": "a text, a pair or a list of them", "<ids>": "a list of token ids",
+        "<id lists>": "a list of lists of token ids"}
+
+Truncate = Annotated[bool | None, Field(description="cut inputs over the model's limit (absent: the "
+                                              "server's --auto-truncate); false: refuse them (422)")]
+# TEI's enum; only the end of a text is cut here, so "Left" is refused with the field named.
+Direction = Annotated[Literal["Right"], Field(description="which end is cut: the right (TEI's \"Left\" is not done)")]
+PromptName = Annotated[str | None, Field(description="a key of the model's sentence-transformers `prompts`: "
+                                                 "its text is put before each input (absent: the "
+                                                 "server's --default-prompt-name, or the model's own default)")]
+Dimensions = Annotated[int | None, Field(ge=1, le=1 << 20, description="keep the first N dimensions "
+                                         "(Matryoshka) and re-normalise; allowed where the model declares it "
+                                         "or the server runs with --allow-truncated-dimensions")]
 
 
-# ---------------------------------------------------------------------------------------------
-# requests
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class EmbedRequest:
-    inputs: list[str]
+class Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class EmbedRequest(Request):
+    inputs: Texts
     normalize: bool = True
-    truncate: bool | None = None  # None: the server's --auto-truncate
-    model: str | None = None
+    truncate: Truncate = None
+    truncation_direction: Direction = "Right"
+    prompt_name: PromptName = None
+    dimensions: Dimensions = None
+    model: Model = None
 
 
-def embed_request(body: JSON) -> EmbedRequest:
-    body = _object(body, "/embed", {"inputs", "normalize", "truncate", "truncation_direction",
-                                    "prompt_name", "dimensions"})
-    _tei_extras(body)
-    inputs, _ = _texts(body, "inputs")
-    return EmbedRequest(inputs, _bool(body, "normalize", True), _bool(body, "truncate", None),
-                        _model(body))
+class EmbedAllRequest(Request):
+    inputs: Texts
+    truncate: Truncate = None
+    truncation_direction: Direction = "Right"
+    prompt_name: PromptName = None
+    model: Model = None
 
 
-@dataclass
-class OpenAIEmbedRequest:
-    inputs: list[str]
-    base64: bool
-    model: str | None = None
+def _token_ids(value: Any) -> bool:
+    """A list of integers, or of lists of integers (OpenAI's token-id inputs)."""
+    def ints(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+    return ints(value) or (isinstance(value, list) and bool(value) and all(ints(v) for v in value))
 
 
-def openai_embed_request(body: JSON) -> OpenAIEmbedRequest:
-    body = _object(body, "/v1/embeddings", {"input", "encoding_format", "user", "dimensions"})
-    if body.get("dimensions") is not None:
-        raise validation("`dimensions` is not supported by this server; leave it out")
-    value = _required(body, "input")
-    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        raise validation("`input` as token ids is not supported; send the text")
-    inputs, _ = _texts(body, "input")
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
-        raise validation(f"`encoding_format` must be \"float\" or \"base64\", got {fmt!r}")
-    return OpenAIEmbedRequest(inputs, fmt == "base64", _model(body))
+TOKEN_IDS = ("`input` holds token ids; this server reads text: send the strings themselves (a string "
+             "or a list of strings). LangChain's OpenAIEmbeddings sends token ids by default: "
+             "construct it with check_embedding_ctx_length=False")
 
 
-@dataclass
-class RerankRequest:
-    query: str
-    texts: list[str]
+class OpenAIEmbeddingRequest(Request):
+    input: Texts
+    model: Model = None
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None
+    dimensions: Dimensions = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_token_ids(cls, data: Any) -> Any:
+        # OpenAI's API takes token ids too (a list of integers, or of lists of them); the answer
+        # to a client that sends them says how to send text instead.
+        if isinstance(data, dict) and _token_ids(data.get("input")):
+            raise PydanticCustomError("bertkit", TOKEN_IDS)
+        return data
+
+
+class RerankRequest(Request):
+    query: Text
+    texts: Annotated[list[Text], Field(min_length=1)]
     raw_scores: bool = False
     return_text: bool = False
-    truncate: bool | None = None
-    model: str | None = None
+    truncate: Truncate = None
+    truncation_direction: Direction = "Right"
+    model: Model = None
 
 
-def rerank_request(body: JSON) -> RerankRequest:
-    body = _object(body, "/rerank", {"query", "texts", "raw_scores", "return_text", "truncate",
-                                     "truncation_direction"})
-    _tei_extras(body)
-    query = _text(_required(body, "query"), "`query`")
-    texts, _ = _texts(body, "texts")
-    return RerankRequest(query, texts, _bool(body, "raw_scores", False),
-                         _bool(body, "return_text", False), _bool(body, "truncate", None), _model(body))
-
-
-@dataclass
-class PredictRequest:
-    inputs: list[tuple[str, str | None]]  # (text, second text of a pair or None)
-    single: bool  # one sequence sent: the answer is one list of labels, not a list of them
-    raw_scores: bool = False
-    truncate: bool | None = None
-    model: str | None = None
-
-
-def predict_request(body: JSON) -> PredictRequest:
+class PredictRequest(Request):
     """TEI's `inputs`: "text" | ["text", "pair"] (one pair) | a list of "text" / ["text"] /
     ["text", "pair"] (a batch). A list of exactly two strings is one pair, as in TEI."""
-    body = _object(body, "/predict", {"inputs", "raw_scores", "truncate", "truncation_direction"})
-    _tei_extras(body)
-    value = _required(body, "inputs")
+    inputs: PredictInputs
+    raw_scores: bool = False
+    truncate: Truncate = None
+    truncation_direction: Direction = "Right"
+    model: Model = None
 
-    def sequence(item: Any, where: str) -> tuple[str, str | None]:
-        if isinstance(item, str):
-            return _text(item, where), None
-        if isinstance(item, list) and len(item) in (1, 2):
-            first = _text(item[0], f"{where}[0]")
-            return first, (_text(item[1], f"{where}[1]") if len(item) == 2 else None)
-        raise validation(f"{where} must be a text or a list of one or two texts (a pair), "
-                         f"got {_kind(item) if not isinstance(item, list) else f'a list of {len(item)}'}")
-
-    if isinstance(value, str) or (isinstance(value, list) and len(value) == 2
-                                  and all(isinstance(v, str) for v in value)):
-        inputs, single = [sequence(value, "`inputs`")], True
-    elif isinstance(value, list):
-        if not value:
-            raise validation("`inputs` is an empty list; send at least one text")
-        inputs, single = [sequence(v, f"`inputs[{i}]`") for i, v in enumerate(value)], False
-    else:
-        raise validation(f"`inputs` must be a text, a pair or a list of them, got {_kind(value)}")
-    return PredictRequest(inputs, single, _bool(body, "raw_scores", False), _bool(body, "truncate", None),
-                          _model(body))
+    def sequences(self) -> tuple[list[tuple[str, str | None]], bool]:
+        """[(text, pair or None)] and whether one sequence was sent (then one answer, not a list)."""
+        value = self.inputs
+        if isinstance(value, str):
+            return [(value, None)], True
+        if len(value) == 2 and all(isinstance(v, str) for v in value):
+            return [(value[0], value[1])], True
+        return [((v, None) if isinstance(v, str) else (v[0], v[1] if len(v) == 2 else None)) for v in value], False
 
 
-@dataclass
-class TokenizeRequest:
-    inputs: list[str]
+class TokenizeRequest(Request):
+    inputs: Texts
     add_special_tokens: bool = True
-    model: str | None = None
+    prompt_name: PromptName = None
+    model: Model = None
 
 
-def tokenize_request(body: JSON) -> TokenizeRequest:
-    body = _object(body, "/tokenize", {"inputs", "add_special_tokens", "prompt_name"})
-    _tei_extras(body)
-    inputs, _ = _texts(body, "inputs")
-    return TokenizeRequest(inputs, _bool(body, "add_special_tokens", True), _model(body))
+TokenId = Annotated[int, Field(ge=0, le=(1 << 31) - 1)]
 
 
-@dataclass
-class FillMaskRequest:
-    inputs: list[str]
-    single: bool
-    top_k: int = 5
-    targets: tuple[str, ...] | None = None
-    model: str | None = None
+def _ids_shape(value: Any) -> str:
+    return "<id lists>" if isinstance(value, list) and value and isinstance(value[0], list) else "<ids>"
 
 
-def fill_mask_request(body: JSON) -> FillMaskRequest:
-    body = _object(body, "/fill-mask", {"inputs", "top_k", "targets"})
-    inputs, single = _texts(body, "inputs")
-    targets = None
-    if body.get("targets") is not None:
-        targets = tuple(_texts(body, "targets")[0])
-    return FillMaskRequest(inputs, single, _int(body, "top_k", 5), targets, _model(body))
+class DecodeRequest(Request):
+    ids: Annotated[Union[Annotated[list[TokenId], Tag("<ids>")],
+                         Annotated[list[list[TokenId]], Field(min_length=1), Tag("<id lists>")]],
+                   Discriminator(_ids_shape)]
+    skip_special_tokens: bool = True
+    model: Model = None
 
 
-@dataclass
-class NerRequest:
-    inputs: list[str]
-    single: bool
-    model: str | None = None
+class SimilarityInput(Request):
+    source_sentence: Text
+    sentences: Annotated[list[Text], Field(min_length=1)]
 
 
-def ner_request(body: JSON) -> NerRequest:
-    body = _object(body, "/ner", {"inputs"})
-    inputs, single = _texts(body, "inputs")
-    return NerRequest(inputs, single, _model(body))
+class SimilarityParameters(Request):
+    truncate: Truncate = None
+    truncation_direction: Direction = "Right"
+    prompt_name: PromptName = None
 
 
-@dataclass
-class QARequest:
-    questions: list[str]
-    contexts: list[str]
-    single: bool
-    top_k: int = 1
-    max_answer_length: int = 30
+class SimilarityRequest(Request):
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+    model: Model = None
+
+
+class FillMaskRequest(Request):
+    inputs: Texts
+    top_k: Annotated[int, Field(ge=1, le=1000)] = 5
+    targets: Texts | None = None
+    model: Model = None
+
+
+class NerRequest(Request):
+    inputs: Texts
+    model: Model = None
+
+
+class QARequest(Request):
+    question: Texts
+    context: Texts
+    top_k: Annotated[int, Field(ge=1, le=100)] = 1
+    max_answer_length: Annotated[int, Field(ge=1, le=100_000)] = 30
     allow_no_answer: bool = False
-    model: str | None = None
+    model: Model = None
 
 
-def qa_request(body: JSON) -> QARequest:
-    body = _object(body, "/qa", {"question", "context", "top_k", "max_answer_length", "allow_no_answer"})
-    questions, single = _texts(body, "question")
-    contexts, _ = _texts(body, "context")
-    if len(contexts) == 1 and len(questions) > 1:
-        contexts = contexts * len(questions)
-    if len(contexts) != len(questions):
-        raise validation(f"`context` has {len(contexts)} texts for {len(questions)} questions; send "
-                         "one context per question, or one for all")
-    return QARequest(questions, contexts, single, _int(body, "top_k", 1),
-                     _int(body, "max_answer_length", 30), bool(_bool(body, "allow_no_answer", False)),
-                     _model(body))
+def read(model: type[Request], raw: bytes, route: str) -> Any:
+    """The body read into `model`; a validation error (422) naming the field otherwise."""
+    try:
+        return parse(model, raw, route, TAGS)
+    except RequestError as err:
+        raise validation(str(err)) from None
+
+
+def texts_of(value: str | list[str]) -> tuple[list[str], bool]:
+    """A Texts field → (texts, whether one string was sent)."""
+    return ([value], True) if isinstance(value, str) else (list(value), False)
+
+
+# ---------------------------------------------------------------------------------------------
+# answers
+# ---------------------------------------------------------------------------------------------
+class ErrorResponse(BaseModel):
+    error: str
+    error_type: ErrorType
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: ErrorType
+    param: str | None = None
+    code: int
+
+
+class OpenAIErrorResponse(BaseModel):
+    """OpenAI's error shape, on the /v1 routes, so OpenAI's clients show the message."""
+    error: OpenAIError
+
+
+class EmbedResponse(RootModel[list[list[float]]]):
+    """One vector per input."""
+
+
+class EmbedAllResponse(RootModel[list[list[list[float]]]]):
+    """Per input, one vector per token (specials included), not pooled nor normalised."""
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"]
+    embedding: list[float] | str  # str: base64 of little-endian float32
+    index: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str | None = None  # the served model an alias or adapter answers with
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class RerankResponse(RootModel[list[Rank]]):
+    """Best first."""
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
+
+
+class PredictResponse(RootModel[Union[list[Prediction], list[list[Prediction]]]]):
+    """Labels by score; a list of them per sequence when a batch was sent."""
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class TokenizeResponse(RootModel[list[list[SimpleToken]]]):
+    pass
+
+
+class DecodeResponse(RootModel[list[str]]):
+    pass
+
+
+class SimilarityResponse(RootModel[list[float]]):
+    """Cosine similarity of each sentence to the source sentence."""
+
+
+class Candidate(BaseModel):
+    token: str
+    token_id: int
+    score: float
+
+
+class FillMaskResponse(RootModel[Union[list[list[Candidate]], list[list[list[Candidate]]]]]):
+    """Per [MASK], its candidates; a list of them per text when a list was sent."""
+
+
+class Entity(BaseModel):
+    type: str
+    text: str
+    start: int
+    end: int
+    score: float
+
+
+class NerResponse(RootModel[Union[list[Entity], list[list[Entity]]]]):
+    pass
+
+
+class Answer(BaseModel):
+    text: str
+    start: int
+    end: int
+    score: float
+
+
+class QAResponse(RootModel[Union[list[Answer], list[list[Answer]]]]):
+    pass
+
+
+class CompatRequest(RootModel[Union[EmbedRequest, PredictRequest, RerankRequest, SimilarityRequest]]):
+    """POST /: a body of /rerank (it has `query`), /similarity (`inputs` is an object), /predict
+    (the model is a classifier) or /embed."""
+
+
+class CompatResponse(RootModel[Union[list[list[float]], list[Prediction], list[list[Prediction]], list[Rank],
+                                     list[float]]]):
+    """The answer of the route the body went to."""
+
+
+class ModelInfo(BaseModel):
+    name: str
+    model_id: str
+    model_dtype: str
+    model_type: dict[str, Any]
+    max_input_length: int
+    uses: list[str]
+    aliases: list[str] = []
+
+
+class Info(ModelInfo):
+    """TEI's /info for the default model, with every served model under `models`."""
+    max_concurrent_requests: int
+    max_batch_tokens: int
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    models: list[ModelInfo]

@@ -1,0 +1,232 @@
+"""What every handler shares: the `Service` (models and their names, limits, admission, queue,
+metrics) and the steps of a request: read the body, admit, tokenize, run, time.
+
+A request's timing (`Timing`) is filled in as it goes (tokenizing here, queue and inference by
+the model thread) and sent back in text-embeddings-inference's headers (`x-total-time`,
+`x-tokenization-time`, `x-queue-time`, `x-inference-time`, in milliseconds, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from starlette.requests import Request
+
+from bertkit.serve.errors import ErrorType, ServeError, validation
+from bertkit.serve.limits import Admission, Limits
+from bertkit.serve.metrics import Metrics
+from bertkit.serve.models import ServedModel
+from bertkit.serve.scheduler import Scheduler, Timing
+
+__all__ = ["Service", "Timing", "STARTED", "read_body", "tokenized", "encode", "run_admitted", "run_sliced",
+           "timing_of", "truncate_of", "with_prompt"]
+
+# What created (a Unix time) the /v1/models cards report: when the process started serving.
+STARTED = int(time.time())
+
+
+@dataclass
+class Service:
+    """The models (first = default) under their names and aliases, limits, admission, queue, metrics.
+
+    aliases: {alias: model name}: more names a model answers to (`--served-model-name`); model
+    names, aliases and adapters share one namespace, so every name is unique.
+    default_prompt_name: the prompt put before texts of requests that name none
+    (`--default-prompt-name`), for every model that declares it.
+    allow_truncated_dimensions: a request's `dimensions` is taken for any model, not only
+    those that declare a Matryoshka `truncate_dim` (`--allow-truncated-dimensions`).
+    """
+    models: dict[str, ServedModel]
+    limits: Limits = field(default_factory=Limits)
+    api_key: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    allow_truncated_dimensions: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("a service needs at least one model")
+        for alias, target in self.aliases.items():
+            if alias in self.models:
+                raise ValueError(f"the alias {alias!r} is also a model's name; names must be unique")
+            if target not in self.models:
+                raise ValueError(f"the alias {alias!r} names no served model ({target!r})")
+        if self.default_prompt_name is not None and not any(
+                self.default_prompt_name in m.prompts for m in self.models.values()):
+            declared = sorted({p for m in self.models.values() for p in m.prompts})
+            raise ValueError(f"--default-prompt-name {self.default_prompt_name!r} is a prompt of no "
+                             f"served model (their config_sentence_transformers.json declare "
+                             f"{', '.join(map(repr, declared)) or 'none'})")
+        self.default = next(iter(self.models))
+        self.metrics = Metrics()
+        self.admission = Admission(self.limits)
+        self.scheduler: Scheduler | None = None  # made when the app starts (it owns threads)
+
+    def names(self) -> list[str]:
+        return [*self.models, *self.aliases]
+
+    def model(self, name: str | None, use: str) -> ServedModel:
+        found = self.models.get(self.default if name is None else self.aliases.get(name, name))
+        if found is None:
+            raise ServeError(ErrorType.NOT_FOUND, f"model {name!r} is not served here; `model` "
+                             f"must be one of {', '.join(map(repr, self.names()))}")
+        if use not in found.uses:
+            raise ServeError(ErrorType.UNSUPPORTED, f"model {found.name!r} does not serve {use} "
+                             f"(its head gives {', '.join(found.uses)}); send it to a model that "
+                             f"does, with `model`")
+        return found
+
+    def prompt(self, model: ServedModel, name: str | None) -> str:
+        """The text put before each input: the named prompt, else the server's, else the model's default."""
+        if name is not None:
+            if name not in model.prompts:
+                raise validation(f"`prompt_name` {name!r} is not a prompt of model {model.name!r}; it has "
+                                 f"{', '.join(map(repr, model.prompts)) or 'none'} "
+                                 "(config_sentence_transformers.json)")
+            return model.prompts[name]
+        for fallback in (self.default_prompt_name, model.default_prompt_name):
+            if fallback is not None and fallback in model.prompts:
+                return model.prompts[fallback]
+        return ""
+
+    def check_dimensions(self, model: ServedModel, dimensions: int | None) -> None:
+        if dimensions is None:
+            return
+        hidden = model.engine.config.hidden_size
+        if dimensions > hidden:
+            raise validation(f"`dimensions` {dimensions} is more than model {model.name!r}'s {hidden}")
+        if model.truncate_dim is None and not self.allow_truncated_dimensions:
+            raise validation(f"model {model.name!r} was not trained for truncated embeddings (its "
+                             "config_sentence_transformers.json declares no truncate_dim), so its first "
+                             f"{dimensions} dimensions are not an embedding of their own; leave "
+                             "`dimensions` out, or start the server with --allow-truncated-dimensions")
+
+
+def with_prompt(prompt: str, texts: list[str]) -> list[str]:
+    return [prompt + t for t in texts] if prompt else texts
+
+
+def truncate_of(service: Service, asked: bool | None) -> bool:
+    return service.limits.auto_truncate if asked is None else asked
+
+
+def timing_of(request: Request) -> Timing:
+    """The request's Timing, made by the first step that computes (so only those answers carry
+    timing headers), counted from the request's arrival (`request.state.arrived`, set by the app)."""
+    timing = getattr(request.state, "timing", None)
+    if timing is None:
+        arrived = getattr(request.state, "arrived", None)
+        timing = request.state.timing = Timing() if arrived is None else Timing(start=arrived)
+    return timing
+
+
+# ---------------------------------------------------------------------------------------------
+# the steps of a request
+# ---------------------------------------------------------------------------------------------
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body; 413 past `limit` bytes (checked before reading when the length is sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ServeError(ErrorType.PAYLOAD_TOO_LARGE, f"request body of {int(declared):,} bytes is over "
+                         f"the payload limit of {limit:,} bytes (--payload-limit); send fewer or "
+                         "shorter inputs per request")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ServeError(ErrorType.PAYLOAD_TOO_LARGE, f"request body is over the payload limit "
+                             f"of {limit:,} bytes (--payload-limit); send fewer or shorter inputs")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# Below this many characters a request is tokenized on the event loop: tens of microseconds,
+# less than the two thread switches of the tokenizing thread (which, on a busy CPU, cost
+# milliseconds each). Longer requests go to the tokenizing thread so the loop stays responsive.
+INLINE_CHARS = 2048
+
+
+async def tokenized(service: Service, request: Request, model: ServedModel, texts: list[str],
+                    pairs: list[str] | None, truncate: bool, field_name: str,
+                    offset: int = 0) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(ids, type_ids) per input and their token count (see `encode`), timed into the request's Timing."""
+    start = time.perf_counter()
+    chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs else 0)
+    if chars <= INLINE_CHARS:
+        out = encode(model.loop_tokenizer, model, texts, pairs, truncate, field_name, offset)
+    else:
+        out = await service.scheduler.tokenize(encode, model.tokenizer, model, texts, pairs, truncate,
+                                               field_name, offset)
+    timing = timing_of(request)
+    timing.tokenization += time.perf_counter() - start
+    timing.characters += chars
+    timing.tokens += out[1]
+    return out
+
+
+def encode(tokenizer, model: ServedModel, texts: list[str], pairs: list[str] | None, truncate: bool,
+           field_name: str, offset: int = 0) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(ids, type_ids) per input and their token count; over-long inputs cut or refused (422).
+    `tokenizer`: the copy owned by the calling thread (see ServedModel); `offset`: the index of
+    texts[0] in the request, for messages."""
+    encodings = tokenizer.encode_raw(texts, pairs, max_length=model.max_length)
+    if not truncate:
+        for i, e in enumerate(encodings):
+            if e.overflowing:
+                raise validation(f"`{field_name}[{offset + i}]` is longer than max_input_length "
+                                 f"{model.max_length} tokens; shorten it, send \"truncate\": true, or "
+                                 "start the server with --auto-truncate")
+    items = [(e.ids, e.type_ids) for e in encodings]
+    return items, sum(len(ids) for ids, _ in items)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def answer(request: Request, work: Awaitable[Any]) -> Any:
+    """`work`'s result, or CancelledError when the client goes away first (its job is dropped)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def run_admitted(service: Service, request: Request, n: int, work: Callable[[], Awaitable[Any]]) -> Any:
+    """Admit `n` inputs (or 429), run `work`, give the permits back however it ends."""
+    with service.admission.acquire(n):
+        service.metrics.in_flight.set(service.admission.in_flight)
+        try:
+            return await answer(request, work())
+        finally:
+            service.metrics.in_flight.set(service.admission.in_flight - n)
+
+
+async def run_sliced(service: Service, request: Request, n: int,
+                     work: Callable[[int, int], Awaitable[list[Any]]]) -> list[Any]:
+    """`work(start, stop)` over consecutive slices of `n` inputs, one slice in flight at a time,
+    holding the permits of one slice (`Limits.slice_size`) from the first to the last."""
+    size = min(n, service.limits.slice_size)
+
+    async def slices() -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, n, size):
+            out.extend(await work(start, min(n, start + size)))
+        return out
+
+    return await run_admitted(service, request, size, slices)
