@@ -161,6 +161,17 @@ def test_sentence_transformers_onnx_backend_loads_the_export(minilm_export, mini
     assert float((got - embed(minilm_dir, TEXTS)).abs().max()) <= TOL
 
 
+def test_weights_past_the_protobuf_limit_go_to_model_onnx_data(models, tmp_path, monkeypatch):
+    """A model over 2 GB keeps its weights in onnx/model.onnx_data (the name optimum reads);
+    tried on the tiny classifier with the limit lowered."""
+    import bertkit.export
+
+    monkeypatch.setattr(bertkit.export, "EXTERNAL_DATA_BYTES", 1000)
+    report = export(models["classify"], tmp_path / "out", format="onnx")
+    assert "onnx/model.onnx_data" in report.files and report.max_abs_diff <= TOL
+    assert (tmp_path / "out" / "onnx" / "model.onnx").stat().st_size < 200_000  # the graph alone
+
+
 @pytest.mark.parametrize("family", ["roberta", "albert"])
 def test_other_families_export_with_their_inputs(family, tmp_path):
     """RoBERTa reads no segments (no token_type_ids input, positions from pad + 1, its own

@@ -5,7 +5,7 @@ text-embeddings-inference (TEI) and sentence-transformers load as they are:
 
     OUT/config.json, the tokenizer files, and the sentence-transformers files when the model has them
         (modules.json, sentence_bert_config.json, 1_Pooling/config.json, ...): copied
-    OUT/onnx/model.onnx                                  (--format onnx; TEI: `onnx/model.onnx`;
+    OUT/onnx/model.onnx (+ model.onnx_data past 2 GB)    (--format onnx; TEI: `onnx/model.onnx`;
                                                           sentence-transformers' backend="onnx")
     OUT/openvino/openvino_model.xml + .bin               (--format openvino; backend="openvino")
 
@@ -83,6 +83,8 @@ _TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spe
                     "added_tokens.json", "merges.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 _ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "README.md")
 EXTRA_HINT = "pip install 'bertkit[export]'"
+# Weights above this go to model.onnx_data beside model.onnx (protobuf refuses files over 2 GB).
+EXTERNAL_DATA_BYTES = (1 << 31) - (1 << 26)
 
 
 def need_tools(format: str) -> None:
@@ -303,13 +305,13 @@ def write_onnx(graph: PaddedGraph, engine: Engine, path: Path, inputs: list[str]
         quiet.setLevel(level)
     if program is None:
         raise RuntimeError("torch.onnx.export returned no program")
-    # Weights beyond protobuf's 2 GB limit go to model.onnx_data beside it (the name optimum reads).
-    big = sum(p.numel() * p.element_size() for p in graph.parameters()) > (1 << 31) - (1 << 26)
-    if big:
-        program.save(str(path), external_data=True)
-        data = Path(str(path) + ".data")
-        if data.exists():
-            data.rename(path.with_name("model.onnx_data"))
+    if sum(p.numel() * p.element_size() for p in graph.parameters()) > EXTERNAL_DATA_BYTES:
+        # Past protobuf's 2 GB limit the weights go to one file beside the graph, under the name
+        # optimum and sentence-transformers look for; the graph names it, so ONNX Runtime finds it.
+        import onnx
+
+        onnx.save_model(program.model_proto, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=path.name + "_data")
     else:
         program.save(str(path), external_data=False)
 
