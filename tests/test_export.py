@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -94,6 +95,12 @@ def assert_close(got: dict[str, np.ndarray], want: dict[str, torch.Tensor], mask
         assert diff <= TOL, f"{name}: max |Δ| {diff:.2e}"
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 FORMATS = ["onnx", pytest.param("openvino", marks=pytest.mark.skipif(
     not HAS_OPENVINO, reason="openvino is not installed (bertkit[export] installs it; bertkit[test] does not)"))]
 
@@ -105,6 +112,7 @@ def test_every_head_runs_in_onnx_runtime_as_in_bertkit(models, task, tmp_path):
     out = tmp_path / "out"
     assert (out / "onnx" / "model.onnx").is_file() and (out / "config.json").is_file()
     assert (out / "tokenizer.json").is_file() and not (out / "model.safetensors").exists()
+    assert out.stat().st_mode & 0o777 == 0o777 & ~current_umask()  # not mkdtemp's 0700
     batch = feeds(models[task])
     assert_close(run_exported(out, "onnx", batch), expected(models[task], task, batch), batch["attention_mask"])
 

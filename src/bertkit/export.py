@@ -55,7 +55,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,6 @@ class ExportReport:
     max_abs_diff: float  # largest |exported - bertkit| over the check batch, every output
     pooling: str | None = None
     normalize: bool | None = None
-    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.out), "format": self.format, "task": self.task, "files": self.files,
@@ -231,6 +230,9 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, format: str 
     parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    work.chmod(0o777 & ~umask)  # mkdtemp's 0700 would follow the rename: a normal directory's mode
     try:
         copy_model_files(model_dir, work)
         onnx_file = work / "onnx" / "model.onnx"
