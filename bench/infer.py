@@ -11,7 +11,14 @@ strings to vectors or scores (tokenization included), after a warm-up on the fir
         int8 quantization, run by the loop sentence-transformers uses (batches of 32 sorted by
         characters, padded, mean pooling, normalize);
         sentence-transformers' own ONNX backend, fp32 and its dynamic int8
-        (`export_dynamic_quantized_onnx_model`).
+        (`export_dynamic_quantized_onnx_model`);
+        CTranslate2's Encoder (infinity-emb's `--engine ctranslate2`) over the model converted by
+        `ct2-transformers-converter`, compute_type float32 and int8, fed by the same loop; on an
+        AVX-512 CPU timed at its default ISA and with CT2_FORCE_CPU_ISA=AVX512 (AMD gets AVX2 by
+        default), each in its own process, the faster kept;
+        OpenVINO through sentence-transformers' backend="openvino" (optimum-intel): fp32
+        (INFERENCE_PRECISION_HINT f32), bf16, static int8 (NNCF, calibrated on the corpus' last
+        300 sentences, which are never timed) and NNCF's weight-only int8.
   (b) BERT-base, random weights (fixed seed, saved HF-format so both sides load the same ones),
       texts of 8–512 tokens in arrival order, mean-pooled last hidden states:
         bertkit fp32 / int8 vs transformers `BertModel` (sdpa) fp32 in batches of 32 in arrival
@@ -23,18 +30,19 @@ strings to vectors or scores (tokenization included), after a warm-up on the fir
 Per row: sentences/s (pairs/s), tokens/s (real tokens, [CLS]/[SEP] included, the same count on
 every row), MFU = useful encoder FLOPs (no padding) / time / the measured matmul peak of the row's
 precision, and the largest absolute difference and smallest cosine against bertkit fp32 and against
-the fp32 peer. Last line: `speedup vs fastest peer: fp32 X.XX×, int8 Y.YY×` on workload (a), each
-against the fastest peer of that precision class.
+the fp32 peer. Last line: `speedup vs fastest peer: fp32 X.XX× (peer), bf16 Y.YY× (peer), int8
+Z.ZZ× (peer)` on workload (a), each against the fastest peer of that precision class (int8: dynamic
+and static alike; every row's min cosine says what its precision costs).
 
 The peers never enter bertkit's venv: each runs as a subprocess of this same script in its own
-venv (`--worker st|ort`, created by `bash bench/peers.sh`), reads the texts from a temp file and
+venv (`--worker st|ort|ct2|ov`, created by `bash bench/peers.sh`), reads the texts from a temp file and
 hands its vectors back as .npy. Every process gets the same thread count (torch.set_num_threads,
 ONNX Runtime's intra_op_num_threads, OMP/MKL/RAYON_NUM_THREADS). Workloads run one after another,
 never two processes at once. `--rounds N` runs a workload's rows N times over, interleaved (ours,
 the peers, ours again, …), and keeps each row's fastest pass of all: on a shared machine whose
 speed drifts for minutes at a time, the rows then see the same spells.
 
-    bash bench/peers.sh                      # once: .venv-bench-st, .venv-bench-ort
+    bash bench/peers.sh                      # once: .venv-bench-st, -ort, -ct2, -ov
     .venv/bin/python bench/infer.py [--sentences 10000] [--threads 2] [--repeats 3] [--rounds 2] [--json out.json]
 """
 
@@ -56,12 +64,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-VENVS = {"st": ROOT / ".venv-bench-st", "ort": ROOT / ".venv-bench-ort"}
+VENVS = {name: ROOT / f".venv-bench-{name}" for name in ("st", "ort", "ct2", "ov")}
 SEED = 0
 WARMUP_TEXTS = 64      # texts run once before timing: first calls pay for allocation and set-up
 ST_BATCH = 32          # sentence-transformers' default batch size, used by every padded peer loop
 MINILM_MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
 BASE_MAX_LENGTH = 512
+CALIBRATION_TEXTS = 300  # OpenVINO static int8's calibration set (sentence-transformers' default size)
 
 
 # =============================================================================================
@@ -260,6 +269,115 @@ def _job_cross_encoder(spec: dict, groups: list) -> tuple[list[float], np.ndarra
     return seconds, out, "CrossEncoder.rank per query (sigmoid on the 1-label head), batch 32"
 
 
+def _st_texts_loop(encode_batch, tokenizer, texts: list[str], hidden: int) -> np.ndarray:
+    """sentence-transformers' loop around an engine that takes token ids: sort by characters
+    (longest first), batches of 32, `encode_batch(list of id lists)` → (B, T, H) padded states,
+    mean over real tokens, L2 normalize, input order."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    out = np.empty((len(texts), hidden), dtype=np.float32)
+    for start in range(0, len(order), ST_BATCH):
+        rows = order[start:start + ST_BATCH]
+        ids = [e.ids for e in tokenizer.encode_batch([texts[i] for i in rows])]
+        states = encode_batch(ids)  # (B, T, H), T = the longest in the batch
+        lengths = np.array([len(x) for x in ids])
+        mask = (np.arange(states.shape[1])[None, :] < lengths[:, None]).astype(np.float32)  # (B, T)
+        out[rows] = l2_normalize(masked_mean(states, mask))
+    return out
+
+
+def _job_ct2(spec: dict, texts: list[str], compute_type: str) -> tuple[list[float], np.ndarray, str]:
+    """CTranslate2's Encoder (what infinity-emb's `--engine ctranslate2` runs) over the model
+    converted by `ct2-transformers-converter` (float32 weights; `compute_type` quantizes at load)."""
+    import ctranslate2
+    from tokenizers import Tokenizer
+    work = Path(spec["work_dir"]) / "ct2"
+    if not (work / "model.bin").exists():
+        converter = Path(sys.executable).parent / "ct2-transformers-converter"
+        subprocess.run([str(converter), "--model", spec["model_dir"], "--output_dir", str(work)], check=True)
+    encoder = ctranslate2.Encoder(str(work), device="cpu", compute_type=compute_type,
+                                  intra_threads=spec["threads"], inter_threads=1)
+    tokenizer = Tokenizer.from_file(str(Path(spec["model_dir"]) / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(spec["max_length"])
+    hidden = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["hidden_size"]
+
+    def encode_batch(ids: list[list[int]]) -> np.ndarray:
+        return np.asarray(encoder.forward_batch(ids).last_hidden_state)  # (B, T, H), padded by ct2
+
+    seconds, out = timed_passes(lambda t: _st_texts_loop(encode_batch, tokenizer, t, hidden), texts,
+                                spec["repeats"])
+    isa = os.environ.get("CT2_FORCE_CPU_ISA", "its default ISA")
+    return seconds, out, (f"ctranslate2.Encoder compute_type={compute_type}, {isa}; sentence-transformers' "
+                          "loop: batch 32 sorted by characters, padded by ct2, mean pooling, normalize")
+
+
+def _ov_inputs(ov_model, tokenizer, texts: list[str], max_length: int) -> list[dict]:
+    """One feed dict per text (the model's input names only), for NNCF's calibration."""
+    names = {port.get_any_name() for port in ov_model.inputs}
+    feeds = []
+    for text in texts:
+        enc = tokenizer([text], truncation=True, max_length=max_length, return_tensors="np")
+        feeds.append({k: v for k, v in enc.items() if k in names})
+    return feeds
+
+
+def _job_ov(spec: dict, texts: list[str], mode: str) -> tuple[list[float], np.ndarray, str]:
+    """OpenVINO as sentence-transformers runs it (backend="openvino", optimum-intel's export):
+    fp32 (INFERENCE_PRECISION_HINT f32), bf16 (hint bf16), int8-static (NNCF post-training
+    quantization of weights and activations, calibrated on the bench's calibration texts, which
+    it never times), int8-weights (NNCF weight-only int8). The int8 models run with the CPU
+    plugin's default precision for what stays in floating point, as a user loading them gets."""
+    import openvino as ov
+    from sentence_transformers import SentenceTransformer
+    work = Path(spec["work_dir"]) / "ov"
+    base = work / "openvino" / "openvino_model.xml"
+    threads = {"INFERENCE_NUM_THREADS": str(spec["threads"]), "NUM_STREAMS": "1"}
+    if not base.exists():  # optimum-intel's export, saved where sentence-transformers looks
+        if not work.exists():
+            shutil.copytree(spec["model_dir"], work)
+        SentenceTransformer(str(work), device="cpu", backend="openvino",
+                            model_kwargs={"ov_config": threads}).save_pretrained(str(work))
+    config = dict(threads)
+    kwargs: dict = {"ov_config": config}
+    note = "SentenceTransformer(backend='openvino').encode, batch 32"
+    if mode in ("fp32", "bf16"):
+        config["INFERENCE_PRECISION_HINT"] = "f32" if mode == "fp32" else "bf16"
+    else:
+        import nncf
+        name = {"int8-static": "openvino_model_qint8_static.xml",
+                "int8-weights": "openvino_model_int8_weights.xml"}[mode]
+        target = work / "openvino" / name
+        if not target.exists():
+            ov_model = ov.Core().read_model(str(base))
+            if mode == "int8-static":
+                from transformers import AutoTokenizer
+                tokenizer = AutoTokenizer.from_pretrained(str(work))
+                calibration = read_texts(spec["calibration"])
+                feeds = _ov_inputs(ov_model, tokenizer, calibration, spec["max_length"])
+                quantized = nncf.quantize(ov_model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                                          subset_size=len(feeds))
+            else:
+                quantized = nncf.compress_weights(ov_model)  # INT8_ASYM, per output channel
+            ov.save_model(quantized, str(target), compress_to_fp16=False)
+        kwargs["file_name"] = f"openvino/{name}"
+        if mode == "int8-static":
+            count = len(read_texts(spec["calibration"]))
+            note += f", NNCF static int8 (nncf.quantize, TRANSFORMER, {count} calibration texts)"
+        else:
+            note += ", NNCF weight-only int8 (nncf.compress_weights, INT8_ASYM)"
+    model = SentenceTransformer(str(work), device="cpu", backend="openvino", model_kwargs=kwargs)
+    model.max_seq_length = spec["max_length"]
+    seconds, out = timed_passes(lambda t: model.encode(t, batch_size=ST_BATCH, convert_to_numpy=True,
+                                                       show_progress_bar=False),
+                                texts, spec["repeats"])
+    try:  # what the CPU plugin ran in (bf16 falls back to f32 on a CPU without it); compiled by now
+        ran = model[0].auto_model.request.get_property("INFERENCE_PRECISION_HINT")
+        note += f"; ran in {ran.to_string() if hasattr(ran, 'to_string') else ran}"
+    except (AttributeError, RuntimeError, TypeError):  # only a note; optimum-intel's internals vary
+        pass
+    return seconds, out, note
+
+
 JOBS = {
     "st": {"st-encode": _job_st_encode, "hf-sdpa": _job_hf_sdpa,
            "cross-encoder": _job_cross_encoder},
@@ -267,6 +385,10 @@ JOBS = {
             "ort-int8": lambda s, t: _job_ort(s, t, int8=True),
             "st-onnx-fp32": lambda s, t: _job_st_onnx(s, t, int8=False),
             "st-onnx-int8": lambda s, t: _job_st_onnx(s, t, int8=True)},
+    "ct2": {"ct2-float32": lambda s, t: _job_ct2(s, t, "float32"),
+            "ct2-int8": lambda s, t: _job_ct2(s, t, "int8")},
+    "ov": {f"ov-{mode}": (lambda s, t, mode=mode: _job_ov(s, t, mode))
+           for mode in ("fp32", "bf16", "int8-static", "int8-weights")},
 }
 
 
@@ -287,7 +409,8 @@ def worker_main(kind: str, spec_path: str) -> None:
         results[job] = {"seconds": seconds, "note": note}
         print(f"worker {kind}: {job} best {min(seconds):.2f} s", file=sys.stderr, flush=True)
     results["versions"] = _versions("torch", "transformers", "sentence-transformers", "optimum",
-                                    "optimum-onnx", "onnxruntime", "onnx", "numpy")
+                                    "optimum-onnx", "onnxruntime", "onnx", "ctranslate2", "openvino",
+                                    "optimum-intel", "nncf", "numpy")
     results["torch_threads"] = torch.get_num_threads()
     (out_dir / "result.json").write_text(json.dumps(results))
 
@@ -412,6 +535,18 @@ def bbc_sentences(n: int) -> list[str]:
     return sentences[:n]
 
 
+def calibration_sentences(timed: int) -> list[str]:
+    """OpenVINO static int8's calibration texts: the last CALIBRATION_TEXTS sentences of the BBC
+    corpus, none of the `timed` first ones that the bench times and compares."""
+    from bertkit.data.corpus import load_builtin
+    sentences = [s for doc in load_builtin("bbc-news").documents for s in doc]
+    if timed + CALIBRATION_TEXTS > len(sentences):
+        raise SystemExit(f"--sentences {timed} leaves fewer than {CALIBRATION_TEXTS} of the corpus' "
+                         f"{len(sentences)} sentences for calibration; pass at most "
+                         f"{len(sentences) - CALIBRATION_TEXTS}")
+    return sentences[-CALIBRATION_TEXTS:]
+
+
 def token_lengths(tokenizer_file: Path, texts: list, max_length: int) -> list[int]:
     """Real tokens per text (or (query, document) pair), [CLS]/[SEP] included, after truncation."""
     from tokenizers import Tokenizer
@@ -500,8 +635,11 @@ def ranking_groups(queries: int, docs_per_query: int, seed: int) -> list[tuple[s
 # Running the sides
 # ---------------------------------------------------------------------------------------------
 def run_peer(kind: str, jobs: list[str], inputs: list, model_dir: Path, max_length: int,
-             args: argparse.Namespace, tmp: Path) -> dict[str, tuple[list[float], np.ndarray, str]]:
-    """Run `jobs` in the `kind` venv as `bench/infer.py --worker kind`; {job: (seconds, output, note)}."""
+             args: argparse.Namespace, tmp: Path, env_extra: dict[str, str] | None = None,
+             calibration: list[str] | None = None) -> dict[str, tuple[list[float], np.ndarray, str]]:
+    """Run `jobs` in the `kind` venv as `bench/infer.py --worker kind`; {job: (seconds, output, note)}.
+    env_extra: variables set for this worker only (CTranslate2's CT2_FORCE_CPU_ISA); calibration:
+    texts a job may calibrate on (never the timed ones)."""
     python = VENVS[kind] / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"peer venv {VENVS[kind]} is missing; create it with: bash bench/peers.sh")
@@ -511,12 +649,17 @@ def run_peer(kind: str, jobs: list[str], inputs: list, model_dir: Path, max_leng
     spec = {"jobs": jobs, "texts": str(texts_file), "model_dir": str(model_dir), "threads": args.threads,
             "repeats": args.repeats, "max_length": max_length, "out_dir": str(out_dir),
             "work_dir": str(tmp / f"work-{kind}")}
+    if calibration is not None:
+        spec["calibration"] = str(out_dir / "calibration.json")
+        Path(spec["calibration"]).write_text(json.dumps(calibration))
     spec_file = out_dir / "spec.json"
     spec_file.write_text(json.dumps(spec))
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the peer must not see bertkit's sources
+    env.update(env_extra or {})
     log = out_dir / "worker.log"
-    print(f"  running {', '.join(jobs)} in {VENVS[kind].name} ...", flush=True)
+    shown = "".join(f" {k}={v}" for k, v in (env_extra or {}).items())
+    print(f"  running {', '.join(jobs)} in {VENVS[kind].name}{shown} ...", flush=True)
     with open(log, "w") as stream:
         done = subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", kind, "--spec", str(spec_file)],
                               env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=tmp)
@@ -594,11 +737,35 @@ def ours_step(name: str, measure):
     return step
 
 
-def peer_step(kind: str, names: dict[str, str], inputs, model_dir: Path, max_length: int, args, tmp: Path):
+def peer_step(kind: str, names: dict[str, str], inputs, model_dir: Path, max_length: int, args, tmp: Path,
+              calibration: list[str] | None = None):
     """A step that runs the jobs `names` (job → row name) in the peer venv `kind`."""
     def step():
-        measured = run_peer(kind, list(names), inputs, model_dir, max_length, args, tmp)
+        measured = run_peer(kind, list(names), inputs, model_dir, max_length, args, tmp, calibration=calibration)
         return {names[job]: m for job, m in measured.items()}
+    return step
+
+
+def has_avx512() -> bool:
+    info = Path("/proc/cpuinfo")
+    return info.exists() and " avx512f" in info.read_text()
+
+
+def ct2_step(names: dict[str, str], inputs, model_dir: Path, max_length: int, args, tmp: Path):
+    """CTranslate2 at its default ISA and, on an AVX-512 CPU, again with CT2_FORCE_CPU_ISA=AVX512
+    (on AMD it picks AVX2 by default), each in its own process: a row keeps the faster, and its
+    note gives both times."""
+    def step():
+        variants = [("default", {})] + ([("AVX512", {"CT2_FORCE_CPU_ISA": "AVX512"})] if has_avx512() else [])
+        runs = {label: run_peer("ct2", list(names), inputs, model_dir, max_length, args, tmp, env_extra=env)
+                for label, env in variants}
+        merged = {}
+        for job, row in names.items():
+            label = min(runs, key=lambda lb: min(runs[lb][job][0]))
+            seconds, output, note = runs[label][job]
+            both = ", ".join(f"{lb} ISA {min(runs[lb][job][0]):.2f} s" for lb in runs)
+            merged[row] = (seconds, output, f"{note} (faster of: {both})")
+        return merged
     return step
 
 
@@ -638,10 +805,23 @@ def workload_a(args, tmp: Path) -> tuple[list[Row], str, str]:
             "ort": {"ort-fp32": ("onnxruntime (optimum O2) fp32", "fp32"),
                     "ort-int8": ("onnxruntime (optimum) int8", "int8"),
                     "st-onnx-fp32": ("sentence-transformers onnx fp32", "fp32"),
-                    "st-onnx-int8": ("sentence-transformers onnx int8", "int8")}}
-    steps += [peer_step(kind, {job: name for job, (name, _) in jobs[kind].items()}, texts, model_dir,
-                        MINILM_MAX_LENGTH, args, tmp)
-              for kind in ("st", "ort") if kind in args.peers]
+                    "st-onnx-int8": ("sentence-transformers onnx int8", "int8")},
+            "ct2": {"ct2-float32": ("ctranslate2 float32", "fp32"),
+                    "ct2-int8": ("ctranslate2 int8", "int8")},
+            "ov": {"ov-fp32": ("openvino fp32", "fp32"),
+                   "ov-bf16": ("openvino bf16", "bf16"),
+                   "ov-int8-static": ("openvino int8 static (NNCF)", "int8"),
+                   "ov-int8-weights": ("openvino int8 weight-only (NNCF)", "int8")}}
+    calibration = calibration_sentences(len(texts))
+    for kind in ("st", "ort", "ct2", "ov"):
+        if kind not in args.peers:
+            continue
+        names = {job: name for job, (name, _) in jobs[kind].items()}
+        if kind == "ct2":
+            steps.append(ct2_step(names, texts, model_dir, MINILM_MAX_LENGTH, args, tmp))
+        else:
+            steps.append(peer_step(kind, names, texts, model_dir, MINILM_MAX_LENGTH, args, tmp,
+                                   calibration=calibration if kind == "ov" else None))
     precisions = {**ours, **{name: p for kind in jobs.values() for name, p in kind.values()}}
     peer_ref = "sentence-transformers" if "st" in args.peers else "bertkit fp32"
     rows = measured_rows(args, "a", steps, precisions, ours, (n, tokens, flops), peer_ref)
@@ -716,7 +896,7 @@ def print_rows(rows: list[Row], unit: str, peer_name: str) -> None:
 
 def speedups(rows_a: list[Row]) -> dict[str, float | None]:
     out = {}
-    for precision in ("fp32", "int8"):
+    for precision in ("fp32", "bf16", "int8"):
         ours = next(r for r in rows_a if r.name == f"bertkit {precision}")
         peers = [r for r in rows_a if r.peer and r.precision == precision]
         out[precision] = ours.items_per_s / max(p.items_per_s for p in peers) if peers else None
@@ -744,7 +924,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every row this many times, interleaved; fastest pass kept (default 1)")
     parser.add_argument("--workloads", default="abc", help="which of a, b, c to run (default abc)")
-    parser.add_argument("--peers", default="st,ort", help="peer venvs to run: st, ort, or none (default st,ort)")
+    parser.add_argument("--peers", default="st,ort,ct2,ov",
+                        help="peer venvs to run: st, ort, ct2, ov, or none (default all four)")
     parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--worker", choices=sorted(JOBS), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -758,7 +939,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--workloads takes letters of 'abc', got {args.workloads!r}")
     args.peers = [] if args.peers == "none" else args.peers.split(",")
     if set(args.peers) - set(VENVS):
-        parser.error(f"--peers takes st, ort or none, got {','.join(args.peers)!r}")
+        parser.error(f"--peers takes st, ort, ct2, ov or none, got {','.join(args.peers)!r}")
 
     set_thread_env(args.threads)
     import torch
@@ -807,8 +988,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"peers in {VENVS[kind].name}: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     if "a" in all_rows:
         s = report["speedup"]
-        fmt = lambda v: "n/a" if v is None else f"{v:.2f}×"  # noqa: E731
-        print(f"speedup vs fastest peer: fp32 {fmt(s['fp32'])}, int8 {fmt(s['int8'])}")
+        parts = [f"{p} {s[p]:.2f}× ({s[p + '_fastest_peer']})" if s[p] is not None else f"{p} n/a"
+                 for p in ("fp32", "bf16", "int8")]
+        print(f"speedup vs fastest peer: {', '.join(parts)}")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,19 @@
 #                    transformers, the newest releases
 #   .venv-bench-ort  the `bench-ort` extra: ONNX Runtime through optimum, and sentence-transformers'
 #                    own ONNX backend (it needs optimum, which caps it at an older release)
-# The pins live in pyproject.toml's extras; this script reads them from there. Two venvs because
-# optimum[onnxruntime] downgrades sentence-transformers and transformers. Peers are never runtime
+#   .venv-bench-ct2  the `bench-ct2` extra: CTranslate2 (its Encoder) and the transformers its
+#                    converter (`ct2-transformers-converter`) reads the model with
+#   .venv-bench-ov   the `bench-ov` extra: OpenVINO through sentence-transformers' backend="openvino"
+#                    (optimum-intel) and NNCF, which quantizes for it
+# The pins live in pyproject.toml's extras; this script reads them from there. Separate venvs because
+# optimum[onnxruntime] downgrades sentence-transformers and transformers, and each peer stack pins
+# its own transformers. Peers are never runtime
 # dependencies: bertkit itself is not installed in these venvs, nor the peers in .venv.
 # torch goes in FIRST and exactly pinned: the pin selects the CPU wheel; a looser spec lets a later
 # install pull a multi-GB CUDA build.
 #
-#   bash bench/peers.sh            # PYTHON=python3.11 bash bench/peers.sh to choose the interpreter
+#   bash bench/peers.sh            # all four; PYTHON=python3.11 bash bench/peers.sh to choose the interpreter
+#   bash bench/peers.sh ct2 ov     # only the venvs named (st, ort, ct2, ov)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -40,10 +46,23 @@ make_venv() {  # make_venv DIR EXTRA
     "$dir/bin/pip" install -q "$TORCH"
     # torch repeated so that the resolver keeps the CPU wheel already there.
     "$dir/bin/pip" install -q "$TORCH" "${pins[@]}"
+    if [[ "$2" == bench-ov ]]; then
+        # optimum-intel pulls torchvision, whose PyPI wheel is built for CUDA torch: against the CPU
+        # torch its ops fail to register and `import transformers` breaks. Nothing benched here
+        # uses it (text models only), so it goes.
+        "$dir/bin/pip" uninstall -q -y torchvision
+    fi
     echo "$want" > "$dir/.bench-stamp.tmp" && mv "$dir/.bench-stamp.tmp" "$dir/.bench-stamp"
     echo "$dir: installed"
-    "$dir/bin/pip" freeze | grep -iE '^(torch|transformers|sentence-transformers|optimum|onnx|numpy)' || true
+    "$dir/bin/pip" freeze | grep -iE '^(torch|transformers|sentence-transformers|optimum|onnx|numpy|ctranslate2|openvino|nncf)' || true
 }
 
-make_venv .venv-bench-st bench
-make_venv .venv-bench-ort bench-ort
+declare -A EXTRAS=([st]=bench [ort]=bench-ort [ct2]=bench-ct2 [ov]=bench-ov)
+names=("$@")
+[[ ${#names[@]} -gt 0 ]] || names=(st ort ct2 ov)
+for name in "${names[@]}"; do
+    [[ -n "${EXTRAS[$name]:-}" ]] || { echo "unknown peer venv '$name'; choose from: ${!EXTRAS[*]}" >&2; exit 2; }
+done
+for name in "${names[@]}"; do
+    make_venv ".venv-bench-$name" "${EXTRAS[$name]}"
+done

@@ -104,6 +104,9 @@ SPECS: dict[str, Spec] = {
     "index": Spec(["index", "{INPUT}", "--model", "{MODEL}", "--out", "{OUT}", "--no-progress"],
                   out="dir", existing=["index.json"], input_suffix=".txt", input_default="TEXTS",
                   model_default="PT"),
+    # Every case fails before the exporter runs (output checked, model loaded, tools found).
+    "export": Spec(["export", "{MODEL}", "--format", "onnx", "--out", "{OUT}"], out="dir",
+                   existing=["config.json"], model_default="PT"),
     # The index is good in every case; the model slot is the reranker.
     "search": Spec(["search", "{INDEX}", "the cat", "--rerank", "{MODEL}"], model_default="RERANK",
                    wrong_model="PT"),
