@@ -98,7 +98,7 @@ def pretrain_and_score(out: Path, plan: dict, model: str, seed: int, steps: int,
     return result
 
 
-def ner_f1(out: Path, name: str, seed: int, epochs: float, max_examples: int | None) -> float:
+def ner_f1(out: Path, name: str, seed: int, epochs: int, max_examples: int | None) -> float:
     """zh-ner entity F1 of the pre-trained run NAME after one fine-tuning (the same for every model)."""
     done = out / "ner" / name / "eval.json"
     if not done.is_file():
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--long-minutes", type=float, default=30.0, help="the long budget (30)")
     parser.add_argument("--long-seeds", type=int, default=1, help="seeds at the long budget (1)")
     parser.add_argument("--no-ner", action="store_true", help="skip the zh-ner fine-tuning")
-    parser.add_argument("--ner-epochs", type=float, default=1.0)
+    parser.add_argument("--ner-epochs", type=int, default=1)
     parser.add_argument("--ner-max-examples", type=int, default=None)
     args = parser.parse_args()
     out = Path(args.out)
