@@ -163,3 +163,26 @@ def test_prompts_and_truncation_are_sentence_transformers(minilm_dir, tmp_path):
     assert not np.allclose(ours.encode(texts), ours.encode(texts, prompt=""))  # the default prompt applies
     with pytest.raises(ValueError, match="unknown prompt_name 'nope'; this model's prompts: 'query', 'passage'"):
         ours.encode(texts, prompt_name="nope")
+
+
+def test_sentence_transformers_6_pooling_files_are_read(tmp_path):
+    """sentence-transformers 6 writes {"pooling_mode": "cls"}; older releases one boolean per mode."""
+    import json
+
+    from sentence_transformers import SentenceTransformer, models
+
+    from bertkit.model import BertModel
+
+    torch.manual_seed(0)
+    BertModel(tiny_config()).save_pretrained(tmp_path / "bert")
+    save_tokenizer(tmp_path / "bert")
+    st = SentenceTransformer(modules=[models.Transformer(str(tmp_path / "bert")),
+                                      models.Pooling(32, pooling_mode="cls")], device="cpu")
+    st.save(str(tmp_path / "st"))
+    assert json.loads((tmp_path / "st" / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "cls"
+    texts = ["the cat sees a red ball", "a dog"]
+    np.testing.assert_allclose(bertkit.load(tmp_path / "st").encode(texts), st.encode(texts), atol=1e-5)
+    config_file = tmp_path / "st" / "1_Pooling" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "include_prompt": False}))
+    with pytest.raises(ValueError, match="include_prompt false"):  # ST would pool without the prompt
+        bertkit.load(tmp_path / "st").encode(texts, prompt="query: ")

@@ -237,3 +237,19 @@ def test_serve_answers_for_a_modernbert_directory(mlm_dir):
         filled = client.post("/fill-mask", json={"inputs": "Paris is the [MASK] of France."})
     assert float((torch.tensor(vectors) - embed(mlm_dir, TEXTS)).abs().max()) <= TOL
     assert filled.status_code == 200, filled.text
+
+
+def test_the_python_front_door_takes_modernbert(mlm_dir):
+    """bertkit.load over a transformers-made ModernBERT: encode is the mean of its states (no
+    sentence-transformers files), fill_mask the library's."""
+    import numpy as np
+
+    import bertkit
+
+    model = bertkit.load(mlm_dir)
+    assert model.use == "fill-mask"
+    np.testing.assert_allclose(model.encode(TEXTS), hf_mean(mlm_dir, TEXTS).numpy(), atol=TOL)
+    masked = f"Paris is the {model.tokenizer.special_tokens['mask_token']} of France."
+    want = fill_mask(mlm_dir, [masked], top_k=3)[0]
+    assert [[c["token_id"] for c in m] for m in model.fill_mask(masked, top_k=3)] == [[c.token_id for c in m]
+                                                                                       for m in want]

@@ -47,6 +47,9 @@ def embed(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, pool
     TEI's `dimensions`).
     """
     engine = engine_for(model, "embed", **options)
+    if prompt and engine.pooling is not None and not engine.pooling.include_prompt:
+        raise ValueError("this model's pooling leaves a prompt's tokens out (include_prompt false in its "
+                         "Pooling config), which bertkit does not implement; embed without a prompt")
     texts = [prompt + text for text in as_texts(texts)] if prompt else as_texts(texts)
     mode, unit = resolve_pooling(engine, pooling, normalize)
     encoder = encoder_of(engine.model)

@@ -309,6 +309,7 @@ class Pooling:
     mode: str  # "mean" | "cls" | "max"
     normalize: bool
     max_seq_length: int | None = None
+    include_prompt: bool = True  # False: a prompt's tokens are left out of the pooling (not implemented here)
 
     @classmethod
     def read(cls, model_dir: str | os.PathLike) -> "Pooling | None":
@@ -332,11 +333,17 @@ class Pooling:
             settings = json.loads(pooling_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read the pooling settings {pooling_file}: {err}") from None
-        chosen = [name for key, name in (("pooling_mode_mean_tokens", "mean"),
-                                         ("pooling_mode_cls_token", "cls"),
-                                         ("pooling_mode_max_tokens", "max")) if settings.get(key)]
-        other = [key for key in ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
-                                 "pooling_mode_lasttoken") if settings.get(key)]
+        if "pooling_mode" in settings:  # sentence-transformers 6: one key, a mode or a list of them
+            modes = settings["pooling_mode"]
+            modes = [modes] if isinstance(modes, str) else list(modes or [])
+            chosen = [m for m in modes if m in ("mean", "cls", "max")]
+            other = [m for m in modes if m not in ("mean", "cls", "max")]
+        else:  # before: one boolean key per mode
+            chosen = [name for key, name in (("pooling_mode_mean_tokens", "mean"),
+                                             ("pooling_mode_cls_token", "cls"),
+                                             ("pooling_mode_max_tokens", "max")) if settings.get(key)]
+            other = [key for key in ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                                     "pooling_mode_lasttoken") if settings.get(key)]
         if other or len(chosen) != 1:
             raise ValueError(f"{pooling_file}: pooling {other or chosen or 'none'} is not supported; "
                              "bertkit pools with exactly one of mean, cls or max (pass --pooling to "
@@ -345,4 +352,5 @@ class Pooling:
         st_config = root / "sentence_bert_config.json"
         if st_config.is_file():
             length = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
-        return cls(mode=chosen[0], normalize="Normalize" in kinds, max_seq_length=length)
+        return cls(mode=chosen[0], normalize="Normalize" in kinds, max_seq_length=length,
+                   include_prompt=bool(settings.get("include_prompt", True)))
