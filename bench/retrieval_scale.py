@@ -247,7 +247,8 @@ def quality(args) -> dict:
                 "truncated@256": (256, dict(passage_tokens=0))}
     out = {}
     work = Path(tempfile.mkdtemp(dir=args.cache, prefix="quality-"))
-    sets = {name: load_retrieval(name) for name in ("en-news-deep", "en-news-retrieval")}
+    sets = {name: load_retrieval(name) for name in ("en-news-deep", "en-news-retrieval")
+            if not args.sets or name in args.sets}
     for name, data in sets.items():
         (work / name).mkdir()
         (work / name / "corpus.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
@@ -255,7 +256,11 @@ def quality(args) -> dict:
     # Most telling first (a shared machine may not finish them all): the deep split's truncation
     # against passages, then the same on the title set, then late chunking, then 256 pieces.
     for variant, (length, options) in variants.items():
+        if args.variants and variant not in args.variants:
+            continue
         for name, data in sets.items():
+            if args.sets and name not in args.sets:
+                continue
             test = data.queries["test"]
             started = time.monotonic()
             summary = build_index(work / name / "corpus.jsonl", engines[length], work / name / variant,
@@ -287,6 +292,8 @@ def main() -> int:
     p.add_argument("--real-blocks", type=int, default=None,
                    help="embed at most this many new blocks of 4,096 real passages (default: all)")
     p.add_argument("--faiss", default="{}", help="JSON of FAISS build settings over the defaults, e.g. '{\"M\": 16}'")
+    p.add_argument("--variants", nargs="+", default=None, help="quality variants to run (default: all)")
+    p.add_argument("--sets", nargs="+", default=None, help="quality sets to run (default: both)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vectors", default=None, help=argparse.SUPPRESS)
     p.add_argument("--queries", default=None, help=argparse.SUPPRESS)
