@@ -62,19 +62,6 @@ from bertkit.packing import Packed, Padding
 IGNORE_INDEX = -100  # label value that losses skip, as in PyTorch's cross_entropy
 
 
-def activation(name: str):
-    """The FFN non-linearity named by `config.hidden_act`."""
-    if name == "gelu":
-        return F.gelu  # exact erf form, as the original BERT
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    if name in ("silu", "swish"):
-        return F.silu
-    raise ValueError(f"unknown hidden_act {name!r}")
-
-
 # ---------------------------------------------------------------------------------------------
 # Outputs
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +224,7 @@ class EncoderLayer(nn.Module):
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
-        self.act = activation(config.hidden_act)
+        self.act = ops.activation(config.hidden_act)
         self.post_op = fused.post_op(config.hidden_act)  # the activation fused into ffn_in at inference
 
     def attention(self, qkv: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor | None) -> torch.Tensor:
@@ -443,7 +430,7 @@ class MaskedLMHead(nn.Module):
         # RoBERTa's head calls exact GELU whatever hidden_act says (fairseq's RobertaLMHead);
         # ModernBERT's, its classifier_activation.
         act = {"roberta": "gelu", "modernbert": config.classifier_activation}.get(config.model_type, config.hidden_act)
-        self.act = activation(act)
+        self.act = ops.activation(act)
         self.norm = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
 

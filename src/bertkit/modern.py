@@ -57,19 +57,6 @@ from bertkit.packing import Packed, Padding
 QUERY_BLOCK = 64
 
 
-def activation(name: str):
-    """An activation by its config.json name (the same set as `config.ACTIVATIONS`)."""
-    if name == "gelu":
-        return F.gelu
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    if name in ("silu", "swish"):
-        return F.silu
-    raise ValueError(f"unknown activation {name!r}")
-
-
 def layer_norm(config: BertConfig) -> nn.LayerNorm:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
 
@@ -216,7 +203,7 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = layer_norm(config)
         self.ffn_in = nn.Linear(hidden, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.ffn_out = nn.Linear(config.intermediate_size, hidden, bias=config.mlp_bias)
-        self.act = activation(config.hidden_act)
+        self.act = ops.activation(config.hidden_act)
         self.out_dropout = ops.Dropout(config.attention_probs_dropout_prob)
         self.mlp_dropout = ops.Dropout(config.hidden_dropout_prob)
 
@@ -300,7 +287,7 @@ class PredictionHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
-        self.act = activation(config.classifier_activation)
+        self.act = ops.activation(config.classifier_activation)
         self.norm = layer_norm(config)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

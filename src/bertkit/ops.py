@@ -176,3 +176,17 @@ def sparse_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[t
 
 
 __all__ = ["dropout", "Dropout", "attention", "sparse_cross_entropy", "keep_mask"]
+
+
+def activation(name: str):
+    """The FFN (or classifier head) non-linearity named in config.json (`hidden_act`,
+    `classifier_activation`; the set of `config.ACTIVATIONS`), for BERT's and ModernBERT's layers."""
+    if name == "gelu":
+        return F.gelu  # exact erf form, as the original BERT
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"unknown activation {name!r}")
