@@ -10,7 +10,6 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-import torch
 
 from bertkit.retrieval import backends
 from bertkit.retrieval.bm25 import BM25, tokenize
@@ -18,15 +17,10 @@ from bertkit.retrieval.fusion import fuse_scores, rrf
 from bertkit.retrieval.index import build_index, open_index
 from bertkit.retrieval.search import Searcher
 
+from pretrain_fixtures import one_thread  # noqa: F401
 from retrieval_fixtures import sentences, tiny_encoder, write_corpus
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
