@@ -57,7 +57,7 @@ def load(path: str | os.PathLike, *, precision: str = "fp32", device: str = "aut
     directory = model_directory(path)
     use = tasks.use_of(directory)
     if use == "classify" and tasks.is_cross_encoder(BertConfig.from_json(directory)):
-        use = "rerank"  # the same head; rerank reads pairs at the length the cross-encoder was trained at
+        use = "rerank"  # a one-label classifier is a cross-encoder, and `model.use` says so
     options: dict[str, Any] = dict(precision=precision, device=device, max_batch_tokens=max_batch_tokens,
                                    threads=threads, truncate=truncate)
     if max_length is not None:

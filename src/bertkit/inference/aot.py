@@ -74,8 +74,9 @@ class AotKernel:
                  source: str):
         self.name, self.fn, self.example, self.rows = name, fn, tuple(example), set(rows)
         digest = hashlib.sha256()
-        for part in (machine_key(), name, signature(example), Path(source).read_bytes().hex()):
+        for part in (machine_key(), name, signature(example)):
             digest.update(part.encode())
+        digest.update(Path(source).read_bytes())
         self.path = cache_dir() / "kernels" / f"{name}-{digest.hexdigest()[:24]}.pt2"
         self._loader = None
 
