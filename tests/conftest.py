@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
+# int8 kernels by torch.compile in the tests: the default, ahead-of-time, compiles each new layer
+# shape once for ~15 s, and the tests' tiny models have many shapes (tests/test_aot.py covers it).
+os.environ.setdefault("BERTKIT_INT8_KERNELS", "compile")
+
 from bertkit.config import BertConfig
 from bertkit.data.tasks.common import WordPieces
 from bertkit.tokenizer import BertTokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """What bertkit keeps per machine (probe rates, compiled kernels) goes to a folder of this test
+    session, not the user's cache; subprocesses inherit it."""
+    from bertkit.fileio import CACHE_ENV
+
+    if os.environ.get(CACHE_ENV):
+        yield
+        return
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("bertkit-cache"))
+    yield
+    os.environ.pop(CACHE_ENV, None)
 
 
 @pytest.fixture

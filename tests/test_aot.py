@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bertkit import fileio
 from bertkit.inference import Engine, aot, embed, int8
 
 from retrieval_fixtures import tiny_encoder
@@ -16,10 +17,10 @@ pytestmark = pytest.mark.skipif(int8._KERNELS.get()[0] is int8.quantize_rows,
 
 
 def test_kernels_compile_once_and_load_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(aot.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(fileio.CACHE_ENV, str(tmp_path / "cache"))
     model = tiny_encoder(tmp_path / "model")
     texts = ["the cat sees a red ball", "a dog", "the big green tree by the river " * 3]
-    want = embed(Engine.load(model, precision="int8"), texts)  # torch.compile's kernels (the default)
+    want = embed(Engine.load(model, precision="int8"), texts)  # torch.compile's kernels (the tests' mode)
 
     for trial in ("compiles", "loads"):
         kernels, fused = int8._Kernels(), int8._FusedKernels()  # nothing carried over in memory
@@ -39,7 +40,7 @@ def test_kernels_compile_once_and_load_from_the_cache(tmp_path, monkeypatch):
 
 
 def test_a_kernels_key_holds_what_its_code_depends_on(tmp_path, monkeypatch):
-    monkeypatch.setenv(aot.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(fileio.CACHE_ENV, str(tmp_path))
     x, out = torch.randn(8, 16), torch.empty(8, 4)
     weights = (torch.ones(16, 4, dtype=torch.int8), torch.ones(4), torch.ones(4), torch.zeros(4))
     path = aot.AotKernel("k", int8.linear_rows, (x, out, *weights), (0, 1), int8.__file__).path
@@ -54,6 +55,6 @@ def test_a_kernels_key_holds_what_its_code_depends_on(tmp_path, monkeypatch):
         assert aot.AotKernel("k", int8.linear_rows, (x, out, *weights), (0, 1), int8.__file__).path != path
     finally:
         torch.set_num_threads(before)
-    monkeypatch.delenv(aot.CACHE_ENV)
+    monkeypatch.delenv(fileio.CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert aot.cache_dir() == tmp_path / "xdg" / "bertkit"
+    assert fileio.cache_dir() == tmp_path / "xdg" / "bertkit"

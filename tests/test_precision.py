@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 import torch
 
-from bertkit import precision
+from bertkit import fileio, precision
 
 
 @pytest.fixture(autouse=True)
-def fresh_cache(monkeypatch):
-    # Every test measures (or fakes) its own rates; the module caches per process.
+def fresh_cache(monkeypatch, tmp_path):
+    # Every test measures (or fakes) its own rates; the module caches per process and on disk.
     monkeypatch.setattr(precision, "_rates", {})
     monkeypatch.setattr(precision, "_choices", {})
+    monkeypatch.setenv(fileio.CACHE_ENV, str(tmp_path / "cache"))
 
 
 def fake_rates(monkeypatch, rates: dict[torch.dtype, float]) -> list[torch.dtype]:
@@ -69,6 +71,30 @@ def test_auto_is_measured_once_per_thread_count(monkeypatch):
         assert len(calls) == 4  # another thread count is another machine
     finally:
         torch.set_num_threads(threads)
+
+
+def test_rates_are_kept_on_disk_for_the_next_process(monkeypatch, tmp_path):
+    calls = fake_rates(monkeypatch, {torch.float32: 100.0, torch.bfloat16: 300.0})
+    assert precision.fastest_precision("cpu") == "bf16"
+    stored = json.loads((tmp_path / "cache" / precision.PROBE_FILE).read_text())
+    assert stored == {precision.machine_key(): {"fp32": 100.0, "bf16": 300.0}}
+    # A new process (the in-memory caches empty) reads the file instead of probing.
+    monkeypatch.setattr(precision, "_rates", {})
+    monkeypatch.setattr(precision, "_choices", {})
+    assert precision.fastest_precision("cpu") == "bf16" and len(calls) == 2
+    # Another thread count is another key; a damaged file is measured again and rewritten.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        precision.fastest_precision("cpu")
+        assert len(calls) == 4
+    finally:
+        torch.set_num_threads(threads)
+    (tmp_path / "cache" / precision.PROBE_FILE).write_text("{not json")
+    monkeypatch.setattr(precision, "_rates", {})
+    monkeypatch.setattr(precision, "_choices", {})
+    assert precision.fastest_precision("cpu") == "bf16" and len(calls) == 6
+    assert json.loads((tmp_path / "cache" / precision.PROBE_FILE).read_text())[precision.machine_key()]["fp32"] == 100.0
 
 
 def test_a_precision_that_does_not_run_is_left_out(monkeypatch):

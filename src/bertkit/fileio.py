@@ -4,6 +4,7 @@ A crash mid-write leaves either the old file or none, never a truncated one that
 `remove_outputs` deletes what a command wrote, and only that, when it is told to start over.
 `check_writable_output` is the one pre-flight check of an output location that every command
 calls before it starts work, so a bad --out fails in a second, not after the work is done.
+`cache_dir` is where bertkit keeps what it measures or compiles once per machine.
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+CACHE_ENV = "BERTKIT_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where bertkit keeps what it computes once per machine (compiled int8 kernels, the precision
+    probe's rates): `$BERTKIT_CACHE_DIR`, else `$XDG_CACHE_HOME/bertkit`, else `~/.cache/bertkit`.
+    Deleting it loses nothing but time."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "bertkit"
 
 
 @contextmanager

@@ -13,15 +13,22 @@ On CUDA, "auto" is bf16 wherever the GPU supports it (tensor cores make it the f
 every GPU that has it), without a probe.
 
 Measurements are cached per (device type, torch thread count, precision): a process that starts
-several runs probes once, and changing `torch.set_num_threads` measures again.
+several runs probes once, and changing `torch.set_num_threads` measures again. A CPU's rates are
+also kept on disk, in `probes.json` under `fileio.cache_dir()`, keyed by `machine_key()` (torch's
+version, the CPU, the thread count), so that a CLI call or a service restart does not probe again;
+delete the file to measure anew.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import platform
 import time
 
 import torch
+
+from bertkit.fileio import atomic_write_json, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,51 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _rates: dict[tuple[str, int, str], float | None] = {}
 # (device type, threads, candidates) → the precision chosen.
 _choices: dict[tuple[str, int, tuple[str, ...]], str] = {}
+
+
+PROBE_FILE = "probes.json"
+
+
+def machine_key() -> str:
+    """What a measured rate or a compiled CPU kernel holds for: this torch, this CPU, this thread
+    count."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            first = f.read().split("\n\n", 1)[0]
+        cpu = "|".join(line.split(":", 1)[1].strip() for line in first.splitlines()
+                       if line.split(":", 1)[0].strip() in ("model name", "flags"))
+    except OSError:
+        pass
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"torch {torch.__version__}|{capability}|threads {torch.get_num_threads()}|{cpu}"
+
+
+def _probe_file() -> dict:
+    """probes.json as a dict; {} where it is absent, damaged or not bertkit's (it is probed again)."""
+    try:
+        stored = json.loads((cache_dir() / PROBE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _stored_rates() -> dict:
+    """The rates kept on disk for this machine key ({precision: GFLOP/s or None}); {} if none."""
+    rates = _probe_file().get(machine_key(), {})
+    return rates if isinstance(rates, dict) else {}
+
+
+def _store_rate(precision: str, rate: float | None) -> None:
+    """Keep a CPU rate on disk (best effort: a read-only home only costs the next process a probe)."""
+    stored = _probe_file()
+    if not isinstance(stored.get(machine_key()), dict):
+        stored[machine_key()] = {}
+    stored[machine_key()][precision] = rate
+    try:
+        atomic_write_json(cache_dir() / PROBE_FILE, stored)
+    except OSError as err:
+        logger.info("could not keep the %s probe in %s (%s)", precision, cache_dir(), err)
 
 
 def _device(device: torch.device | str) -> torch.device:
@@ -88,6 +140,8 @@ def _measured(precision: str, device: torch.device) -> float | None:
     if precision not in DTYPES:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(DTYPES)}")
     key = (device.type, torch.get_num_threads(), precision)
+    if key not in _rates and device.type == "cpu" and precision in (stored := _stored_rates()):
+        _rates[key] = stored[precision]
     if key not in _rates:
         rate = None
         if _supported(precision, device):
@@ -97,6 +151,8 @@ def _measured(precision: str, device: torch.device) -> float | None:
                 logger.info("precision %s does not run on %s (%s); leaving it out", precision,
                             device.type, err)
         _rates[key] = rate
+        if device.type == "cpu":
+            _store_rate(precision, rate)
     return _rates[key]
 
 

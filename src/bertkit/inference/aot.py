@@ -7,11 +7,12 @@ kernel, paid by every CLI call and every service restart. Here a kernel is expor
 processes open the package with the C++ loader (`torch._C._aoti.AOTIModelPackageLoader`), which
 neither traces nor imports inductor.
 
-The cache lives in `$BERTKIT_CACHE_DIR`, else `$XDG_CACHE_HOME/bertkit`, else `~/.cache/bertkit`,
-under `kernels/`. A package's name is a hash of everything its code depends on: torch's version,
-the CPU (model name and flags, and torch's detected vector capability), the thread count (inductor
-writes it into the C++ code), the kernel's source file, its name, and the dtypes and fixed sizes
-of its arguments. Delete the directory to clear it; a package that fails to load is compiled anew.
+The cache lives in `fileio.cache_dir()` (`$BERTKIT_CACHE_DIR`, else `$XDG_CACHE_HOME/bertkit`,
+else `~/.cache/bertkit`), under `kernels/`. A package's name is a hash of everything its code
+depends on: `precision.machine_key()` (torch's version, the CPU's model name and flags and torch's
+detected vector capability, the thread count, which inductor writes into the C++ code), the
+kernel's source file, its name, and the dtypes and fixed sizes of its arguments. Delete the
+directory to clear it; a package that fails to load is compiled anew.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -27,31 +27,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from bertkit.fileio import cache_dir
+from bertkit.precision import machine_key
+
 log = logging.getLogger(__name__)
-
-CACHE_ENV = "BERTKIT_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """Where bertkit keeps what it computes once per machine (see the module docstring)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "bertkit"
-
-
-def machine_key() -> str:
-    """What a compiled kernel is only valid for: this torch, this CPU, this thread count."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            first = f.read().split("\n\n", 1)[0]
-        cpu = "|".join(line.split(":", 1)[1].strip() for line in first.splitlines()
-                       if line.split(":", 1)[0].strip() in ("model name", "flags"))
-    except OSError:
-        pass
-    capability = torch.backends.cpu.get_cpu_capability()
-    return f"torch {torch.__version__}|{capability}|threads {torch.get_num_threads()}|{cpu}"
 
 
 def signature(tensors: Sequence[torch.Tensor]) -> str:

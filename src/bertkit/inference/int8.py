@@ -67,20 +67,21 @@ class _Kernels:
     cost more than the int8 matmul itself, fused a fraction of it (docs/benchmarks.md has the
     timings). The compiled functions compute the same values (checked in the tests).
 
-    How they are compiled, BERTKIT_INT8_KERNELS=compile|aot|eager:
-    - compile (the default): torch.compile in each process (inductor caches the code on disk, but
-      every process traces again: seconds per kernel at every start);
-    - aot: ahead of time, once per machine and layer shape, kept on disk (`inference.aot`): a later
-      process loads them in milliseconds, so from the second run on an int8 start costs about what
-      an fp32 one does. Not yet the default: its kernels have not been timed against compile's on
-      a quiet machine (docs/inference.md);
+    How they are compiled, BERTKIT_INT8_KERNELS=aot|compile|eager:
+    - aot (the default): ahead of time, once per machine, thread count and layer shape, kept on
+      disk (`inference.aot`): the first int8 start on a machine compiles them (about a minute for
+      MiniLM on 2 cores; it logs each kernel), every later process loads them in milliseconds, so
+      an int8 start costs about what an fp32 one does; the kernels run as fast as compile's
+      (`bench/int8_start.py`, docs/benchmarks.md). Where AOTInductor fails, compile takes over;
+    - compile: torch.compile in each process (inductor caches the code on disk, but every process
+      traces again: seconds per kernel at every start);
     - eager: no compiler (also what a failed compilation falls back to).
     BERTKIT_INT8_EAGER=1 is the same as eager.
     """
 
     def __init__(self) -> None:
         self.quantize, self.dequantize, self.linear = quantize_rows, dequantize, linear_rows
-        mode = os.environ.get("BERTKIT_INT8_KERNELS", "compile")
+        mode = os.environ.get("BERTKIT_INT8_KERNELS", "aot")
         if os.environ.get("BERTKIT_INT8_EAGER") == "1":
             mode = "eager"
         if mode not in ("aot", "compile", "eager"):
