@@ -107,6 +107,7 @@ FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
     FinetuneTask("qa", "ForQuestionAnswering", "qa"),
     FinetuneTask("embed", "Model", "embed", retrieval=True),
     FinetuneTask("rerank", "ForSequenceClassification", "rerank", retrieval=True),
+    FinetuneTask("sparse", "ForMaskedLM", "fill-mask", retrieval=True),  # SPLADE (bertkit.train.sparse)
 )}
 # What `bertkit finetune` writes into its output directory beside the model: every setting of the
 # run (the task, lengths, columns), which `bertkit predict` reads as its defaults.
