@@ -66,7 +66,10 @@ def test_training_writes_a_sparse_encoder_that_sentence_transformers_reads_as_we
     dense = torch.zeros(theirs.shape)
     for i, (ix, v) in enumerate(ours):
         dense[i, ix] = v
-    assert (dense - theirs.to_dense()).abs().max() <= 1e-5
+    assert (dense - theirs.to_dense()).abs().max() <= 1e-5  # the last text is cut at max_seq_length 16, as theirs
+    from bertkit.inference import Engine
+
+    assert Engine.load(tmp_path / "out", use="fill-mask").max_length == 16  # one length whatever the use
 
 
 def test_a_killed_run_resumes_with_the_same_losses(data, tmp_path, monkeypatch):

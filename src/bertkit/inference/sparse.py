@@ -81,24 +81,14 @@ class SpladePooling:
 
 def sparse_engine(model_dir: str | os.PathLike, **options: Any) -> Engine:
     """An engine over a model directory's masked-LM head, or a one-line ValueError naming what
-    sparse embeddings need when the directory has no such head. A SparseEncoder directory's
-    max_seq_length (sentence_bert_config.json) is its input length, as sentence-transformers
-    reads it, unless `max_length` is given."""
+    sparse embeddings need when the directory has no such head. (A SparseEncoder directory's
+    max_seq_length is its input length, as for every use: `engine.input_length`.)"""
     use = tasks.use_of(model_dir)
     if use != "fill-mask":
         kind = tasks.HEADS[tasks.USES[use].kind].description
         raise ValueError(f"{model_dir} is {kind} ({use}); sparse embeddings (SPLADE) need "
                          f"{tasks.USES['fill-mask'].needs}")
-    engine = Engine.load(model_dir, use="fill-mask", **options)
-    st_config = Path(model_dir) / "sentence_bert_config.json"
-    if options.get("max_length") is None and st_config.is_file():
-        try:
-            length = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
-        except ValueError as err:
-            raise ValueError(f"{st_config}: not valid JSON ({err}); fix or remove it") from None
-        if isinstance(length, int) and 2 < length < engine.max_length:
-            engine.max_length = length
-    return engine
+    return Engine.load(model_dir, use="fill-mask", **options)
 
 
 def embed_sparse(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, top_k: int | None = None,
