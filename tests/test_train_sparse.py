@@ -116,3 +116,17 @@ def test_cli_trains_and_refuses_a_model_without_an_mlm_head(data, tmp_path, caps
     assert cli.main(["finetune", "--task", "classify", "--model", str(mlm), "--train", str(train), "--out",
                      str(tmp_path / "z"), "--flops-doc-weight", "1"]) == 2
     assert "--flops-doc-weight applies to --task sparse only" in capsys.readouterr().err
+
+
+def test_a_transformers_made_checkpoint_trains(data, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    root, train, mlm = data
+    config = transformers.BertConfig(vocab_size=38, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=37, max_position_embeddings=41)
+    torch.manual_seed(1)
+    transformers.BertForMaskedLM(config).save_pretrained(tmp_path / "hf")
+    save_tokenizer(tmp_path / "hf")
+    summary = train_sparse.finetune_sparse(**{**settings(data, tmp_path / "out"), "model": tmp_path / "hf",
+                                              "epochs": 1, "eval": None})
+    assert summary["steps"] == 4 and "eval" not in summary
+    assert len(embed_sparse(tmp_path / "out", ["red ball"])[0][0]) > 0
