@@ -205,6 +205,20 @@ def test_fill_mask_ner_qa_equal_the_library(client, models):
     assert max(abs(a["score"] - b["score"]) for a, b in zip(answers, want)) <= 1e-6
 
 
+def test_embed_sparse_equals_the_library_in_teis_shape(client, models):
+    from bertkit.inference.sparse import embed_sparse
+
+    texts = ["paris is the capital of france.", "the cat sat on the mat, and then it sat on the dog."]
+    got = client.post("/embed_sparse", json={"inputs": texts, "model": "mlm"})
+    assert got.status_code == 200, got.text
+    want = embed_sparse(models["mlm"].engine, texts)
+    for row, (ix, values) in zip(got.json(), want):
+        assert [p["index"] for p in row] == ix.tolist()
+        assert max(abs(p["value"] - v) for p, v in zip(row, values.tolist())) <= 1e-6
+    (single,) = client.post("/embed_sparse", json={"inputs": texts[0], "model": "mlm"}).json()  # a list, as TEI
+    assert [p["index"] for p in single] == [p["index"] for p in got.json()[0]]
+
+
 def test_health_info_metrics(client):
     assert client.get("/health").status_code == 200
     info = client.get("/info").json()
@@ -263,6 +277,12 @@ BAD = [
     ("/predict", {"inputs": [["a", "b", "c"]], "model": "clf"}, 422, "`inputs[0]` has 3 items, more than 2"),
     ("/predict", {"inputs": [["a"], 5], "model": "clf"}, 422, "`inputs[1]` must be a string or a list"),
     ("/fill-mask", {"inputs": "no mask here", "model": "mlm"}, 422, "has no [MASK]"),
+    ("/embed_sparse", {"inputs": "x"}, 424, "does not serve embed_sparse"),
+    ("/embed_sparse", {"inputs": [], "model": "mlm"}, 422, "`inputs` is an empty list"),
+    ("/embed_sparse", {"inputs": "x", "model": "mlm", "truncation_direction": "Left"}, 422,
+     "`truncation_direction` must be"),
+    ("/embed_sparse", {"inputs": "x", "model": "mlm", "prompt_name": "query"}, 422, "is not a prompt"),
+    ("/embed_sparse", {"inputs": "word " * 300, "model": "mlm", "truncate": False}, 422, "longer than"),
     ("/fill-mask", {"inputs": "a [MASK]", "model": "mlm", "top_k": 0}, 422, "`top_k` must be an integer"),
     ("/qa", {"question": ["a", "b"], "context": ["c", "d", "e"], "model": "qa"}, 422, "`context` has 3"),
     ("/embed", b'{"inputs": "' + b"x" * 100_001 + b'"}', 413, "payload limit of 100,000 bytes"),

@@ -69,7 +69,8 @@ OPERATIONS = [(r.operation.method, r.operation.path) for r in ROUTES] + [("get",
 # A valid request that names no model goes to the default (MiniLM), which serves embed and
 # tokenize only: 424 elsewhere. So valid requests to a head's route are sent to a model with that
 # head, and fill-mask's texts get a [MASK], so that the model code runs, not only validation.
-HEAD_OF = {"/rerank": "cross", "/predict": "clf", "/fill-mask": "mlm", "/ner": "ner", "/qa": "qa"}
+HEAD_OF = {"/rerank": "cross", "/predict": "clf", "/fill-mask": "mlm", "/ner": "ner", "/qa": "qa",
+           "/embed_sparse": "mlm"}
 
 
 def steer(case, path: str, mode: str) -> None:

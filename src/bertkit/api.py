@@ -234,16 +234,57 @@ class Model:
                            **settings)
         return out[0] if single else out
 
+    def encode_sparse(self, texts: str | Sequence[str], *, batch_size: int | None = None,
+                      max_active_dims: int | None = None, prompt_name: str | None = None,
+                      prompt: str | None = None, convert_to_sparse_tensor: bool = True
+                      ) -> torch.Tensor | list[dict[str, Any]]:
+        """SPLADE sparse embeddings from the masked-LM head, as sentence-transformers'
+        `SparseEncoder.encode`: a sparse COO tensor (N, vocabulary) float32 (one string: (V,)),
+        or with convert_to_sparse_tensor=False TEI's /embed_sparse shape, [{"index", "value"}]
+        per text. max_active_dims: keep each text's k largest weights. prompt_name / prompt: as
+        `encode`. `decode` turns the result into (token, weight) pairs.
+        """
+        from bertkit.inference.sparse import embed_sparse, to_sparse_tensor
+
+        self._need("fill-mask", "encode_sparse")
+        single = isinstance(texts, str)
+        texts = as_texts(texts)
+        prefix = resolve_prompt({"prompts": self.prompts, "default_prompt_name": self.default_prompt_name},
+                                prompt_name, prompt)
+        chunk = _chunk_size(batch_size)
+        rows = [row for i in range(0, len(texts), chunk)
+                for row in embed_sparse(self.engine, texts[i:i + chunk], top_k=max_active_dims, prompt=prefix)]
+        if not convert_to_sparse_tensor:
+            shaped = [[{"index": int(i), "value": float(v)} for i, v in zip(ix, vs)] for ix, vs in rows]
+            return shaped[0] if single else shaped
+        tensor = to_sparse_tensor(rows, self.config.vocab_size)
+        return tensor[0] if single else tensor
+
+    def decode(self, embeddings: torch.Tensor, top_k: int | None = None
+               ) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
+        """(token, weight) pairs of sparse embeddings, largest first (the k largest with top_k), as
+        sentence-transformers' SparseEncoder.decode: a list per row, one list for a 1-D input."""
+        from bertkit.inference.sparse import decode
+
+        dense = embeddings.to_dense() if embeddings.is_sparse else torch.as_tensor(embeddings)
+        single = dense.dim() == 1
+        out = []
+        for row in dense.reshape(-1, dense.shape[-1]):
+            ix = row.nonzero().squeeze(1)
+            out.append(decode(self.tokenizer, ix, row[ix], top_k))
+        return out[0] if single else out
+
     # -- helpers -------------------------------------------------------------------------------
-    def _need(self, use: str) -> None:
-        """ValueError unless this model's head does `use`, naming the head it has."""
+    def _need(self, use: str, method: str | None = None) -> None:
+        """ValueError unless this model's head does `use`, naming the head it has (and `method`,
+        the one asked for; default: the use's own)."""
         have = self.use
         ok = (use == have or (use == "classify" and have == "rerank")
               or (use == "rerank" and have == "classify" and tasks.is_cross_encoder(self.config)))
         if not ok:
             where = self.engine.model_dir or "this model"
             raise ValueError(f"{where} is {tasks.HEADS[tasks.USES[have].kind].description} ({have}); "
-                             f"{use.replace('-', '_')} needs {tasks.USES[use].needs}")
+                             f"{method or use.replace('-', '_')} needs {tasks.USES[use].needs}")
 
     def _vectors(self, x) -> torch.Tensor:
         if isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], str)):

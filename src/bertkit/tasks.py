@@ -7,8 +7,10 @@ tables join model types, classes and pipelines:
 
     kind (checkpoint)          bertkit class (Bert…)        engine use  service routes      fine-tune tasks
     Model                      BertModel                    embed       embed, tokenize     embed
-    ForPreTraining             …ForPreTraining              fill-mask   + fill-mask         (pretrain)
-    ForMaskedLM                …ForMaskedLM                 fill-mask   + fill-mask         (pretrain)
+    ForPreTraining             …ForPreTraining              fill-mask   + fill-mask,        (pretrain)
+                                                                          embed_sparse
+    ForMaskedLM                …ForMaskedLM                 fill-mask   + fill-mask,        (pretrain), sparse
+                                                                          embed_sparse
     ForSequenceClassification  …ForSequenceClassification   classify    + predict (rerank)  classify, pair, rerank
     ForTokenClassification     …ForTokenClassification      ner         + ner               ner
     ForQuestionAnswering       …ForQuestionAnswering        qa          + qa                qa
@@ -73,7 +75,8 @@ class Use:
 USES: dict[str, Use] = {u.name: u for u in (
     Use("embed", "Model", "any BERT-family checkpoint", ()),
     Use("fill-mask", "ForMaskedLM", "a masked-LM head (made by `bertkit pretrain`, or a Hugging Face "
-        "…ForMaskedLM / …ForPreTraining checkpoint of BERT, RoBERTa, ALBERT or DistilBERT)", ("fill-mask",)),
+        "…ForMaskedLM / …ForPreTraining checkpoint of BERT, RoBERTa, ALBERT or DistilBERT)",
+        ("fill-mask", "embed_sparse")),  # embed_sparse: SPLADE term weights from the MLM logits
     Use("classify", "ForSequenceClassification", "a sequence-classification head (made by `bertkit "
         "finetune --task classify|pair`)", ("predict",)),
     Use("rerank", "ForSequenceClassification", "a cross-encoder: a sequence-classification head with "
@@ -104,6 +107,7 @@ FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
     FinetuneTask("qa", "ForQuestionAnswering", "qa"),
     FinetuneTask("embed", "Model", "embed", retrieval=True),
     FinetuneTask("rerank", "ForSequenceClassification", "rerank", retrieval=True),
+    FinetuneTask("sparse", "ForMaskedLM", "fill-mask", retrieval=True),  # SPLADE (bertkit.train.sparse)
 )}
 # What `bertkit finetune` writes into its output directory beside the model: every setting of the
 # run (the task, lengths, columns), which `bertkit predict` reads as its defaults.

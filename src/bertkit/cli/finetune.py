@@ -29,7 +29,7 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     # Groups only shape --help, one heading per concern; they leave the namespace as it was.
     g = p.add_argument_group("model and data")
-    g.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa", "embed", "rerank"],
+    g.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa", "embed", "rerank", "sparse"],
                    help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (--loss on "
                    "mined negatives); their data: JSONL {query, positive, negatives?} or TSV "
                    "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval")
@@ -108,6 +108,14 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                    help="rerank: listwise (softmax over a query's positive and negatives; "
                    "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise)")
 
+    g = p.add_argument_group("sparse (SPLADE, from a masked-LM model; also --hard-negatives, --mine bm25|none)")
+    g.add_argument("--flops-query-weight", type=float,
+                   help="sparse: λ_q of the FLOPS regulariser on queries (3e-4, SPLADE v2)")
+    g.add_argument("--flops-doc-weight", type=float,
+                   help="sparse: λ_d of the FLOPS regulariser on documents (1e-4, SPLADE v2)")
+    g.add_argument("--flops-warmup-ratio", type=float,
+                   help="sparse: share of the steps over which both λ rise quadratically from 0 (1/3)")
+
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora", metavar="SPEC",
                    help="LoRA adapters instead of full fine-tuning, e.g. r=8,alpha=16,dropout=0.05,"
@@ -128,6 +136,12 @@ def _run_finetune(args: argparse.Namespace) -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
+    if settings.get("task") == "sparse":
+        return _run_sparse(settings)
+    sparse_only = [k for k in ("flops_query_weight", "flops_doc_weight", "flops_warmup_ratio") if k in settings]
+    if sparse_only:
+        raise ValueError(f"--{sparse_only[0].replace('_', '-')} applies to --task sparse only, "
+                         f"not {settings.get('task')}")
     from bertkit.train import retrieval
 
     extra = {k: settings.pop(k) for k in retrieval.RETRIEVAL_OPTIONS if k in settings}
@@ -147,8 +161,20 @@ def _run_finetune(args: argparse.Namespace) -> None:
     if extra:
         raise ValueError(f"--{next(iter(extra)).replace('_', '-')} applies to --task embed / rerank "
                          f"only, not {config.task}")
+
     summary = run_finetune(config)
     print(finetune_summary_line(summary, config.out_dir))
+    print(json.dumps(summary, ensure_ascii=False))
+
+
+def _run_sparse(settings: dict) -> None:
+    """`finetune --task sparse`: a SPLADE model from a masked-LM directory (bertkit.train.sparse)."""
+    from bertkit.train import sparse
+
+    summary = sparse.run(sparse.config_from_options({k: v for k, v in settings.items() if k != "task"}))
+    scores = summary.get("eval") or {}
+    print(f"model saved in {settings['out_dir']} ({summary['steps']} steps, loss {summary['first_loss']:.4f} → "
+          f"{summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else "no --eval set, so no score"))
     print(json.dumps(summary, ensure_ascii=False))
 
 

@@ -53,6 +53,12 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--qdrant-url", default=None, help="a Qdrant server or cluster, e.g. http://127.0.0.1:6333 "
                    "(default: embedded, in this process)")
     g.add_argument("--no-bm25", action="store_false", dest="bm25", help="no BM25 index (no --hybrid search)")
+    g = p.add_argument_group("sparse side (SPLADE)")
+    g.add_argument("--sparse-model", default=None,
+                   help="also encode the passages with this masked-LM model's SPLADE weights (an inverted "
+                   "index for search --sparse); without CORPUS, add or replace the sparse side of the index at --out")
+    g.add_argument("--sparse-top-k", type=int, default=None,
+                   help="keep each passage's K largest sparse weights (default: all non-zero)")
     p.add_argument("--resume", action="store_true", help="continue a killed build")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
     p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
@@ -72,6 +78,8 @@ def _run_index(args: argparse.Namespace) -> None:
 
     if args.upsert or args.delete:
         return _run_update(args)
+    if args.corpus is None and args.model is None and args.sparse_model:
+        return _run_sparse_side(args)
     if args.corpus is None or args.model is None:
         raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
     summary = build_index(args.corpus, args.model, args.out, resume=args.resume,
@@ -87,6 +95,20 @@ def _run_index(args: argparse.Namespace) -> None:
     print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
           f"{summary['skipped']} rows skipped{truncated}; backend {summary['backend']}) into "
           f"{summary['out']} in {summary['seconds']:.1f} s")
+    if args.sparse_model:
+        _run_sparse_side(args)
+
+
+def _run_sparse_side(args: argparse.Namespace) -> None:
+    from bertkit.retrieval.index import open_index
+    from bertkit.retrieval.sparse import build_sparse
+
+    index = open_index(args.out)
+    summary = build_sparse(index.path, args.sparse_model, top_k=args.sparse_top_k, resume=args.resume,
+                           progress=args.progress, precision=args.precision,
+                           max_batch_tokens=args.max_batch_tokens, device=args.device)
+    print(f"sparse side: {summary['rows']} passages, {summary['nnz'] / max(summary['rows'], 1):.1f} terms a "
+          f"passage on average ({summary['model']}) in {summary['seconds']:.1f} s")
 
 
 def _run_update(args: argparse.Namespace) -> None:
@@ -123,7 +145,15 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
                    help="order by W · reranker + (1 − W) · first stage, each standardised over a "
                    "query's candidates (1: the reranker alone; pick W on dev queries)")
     p.add_argument("--hybrid", choices=["rrf", "zscore"], default=None,
-                   help="fuse the dense ranking with BM25's: reciprocal-rank fusion or equal-weight z-scores")
+                   help="fuse the dense ranking with BM25's (and the sparse one's with --sparse): "
+                   "reciprocal-rank fusion or equal-weight z-scores")
+    p.add_argument("--sparse", action="store_true",
+                   help="search the index's sparse (SPLADE) side: alone, or fused with dense and BM25 under --hybrid")
+    p.add_argument("--systems", default=None,
+                   help="with --hybrid: the rankings to fuse, comma-separated among dense, bm25, sparse "
+                   "(default: dense,bm25, plus sparse with --sparse)")
+    p.add_argument("--sparse-model", default=None,
+                   help="query model of the sparse side (default: the one it was built with; must be the same)")
     p.add_argument("--ef", type=int, default=None, help="faiss-hnsw search beam (the index's, 128)")
     p.add_argument("--nprobe", type=int, default=None, help="faiss-ivfpq lists searched (the index's)")
     p.add_argument("--qdrant-url", default=None, help="the Qdrant server to query (default: the index's)")
@@ -143,27 +173,47 @@ def _read_queries(path: str, field: str) -> list[str]:
     return queries
 
 
+def _systems(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The rankings --sparse, --hybrid and --systems ask for (None: the search's default)."""
+    if args.systems is not None:
+        if not args.hybrid:
+            raise ValueError("--systems names the rankings --hybrid fuses; pass --hybrid rrf or zscore")
+        systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+        if args.sparse and "sparse" not in systems:
+            raise ValueError(f"--sparse with --systems {args.systems}: add sparse to --systems, or drop --sparse")
+        return systems
+    if args.sparse:
+        return ("dense", "bm25", "sparse") if args.hybrid else ("sparse",)
+    return None
+
+
 def _run_search(args: argparse.Namespace) -> None:
     from bertkit.retrieval import Searcher
 
     if bool(args.queries) == bool(args.input):
         raise ValueError("give queries on the command line or --input FILE (one of the two)")
     queries = _read_queries(args.input, args.query_field) if args.input else args.queries
+    systems = _systems(args)
     searcher = Searcher.open(args.index, model=args.model, rerank=args.rerank,
                              rerank_max_length=args.rerank_max_length,
                              backend_options={"url": args.qdrant_url} if args.qdrant_url else None,
+                             sparse="sparse" in (systems or ()), sparse_model=args.sparse_model,
                              precision=args.precision, device=args.device)
     results = searcher.search(queries, top_k=args.top_k, candidates=args.candidates,
                               rerank_weight=args.rerank_weight, hybrid=args.hybrid, ef=args.ef,
-                              nprobe=args.nprobe)
+                              nprobe=args.nprobe, systems=systems)
     if args.json or args.input:
         return print_json({"query": q, "hits": [h.to_dict() for h in hits]}
                           for q, hits in zip(queries, results))
     stage = "inner product" if not args.rerank else "reranked" if args.rerank_weight == 1.0 \
         else f"reranked, fused at weight {args.rerank_weight:g}"
-    if args.hybrid:
+    if systems == ("sparse",):
+        stage = "sparse" + stage[len("inner product"):]
+    elif args.hybrid and systems:
+        stage = f"{' + '.join(systems)} ({args.hybrid})" + ("" if not args.rerank else f", {stage}")
+    elif args.hybrid:
         stage = f"+ BM25 ({args.hybrid})" + ("" if not args.rerank else f", {stage}")
-    if searcher.backend.name != "exact" or args.hybrid:
+    if (searcher.backend.name != "exact" or args.hybrid) and systems != ("sparse",):
         stage = f"{searcher.backend.name} {stage}"
     for query, hits in zip(queries, results):
         print(f"{query}  ({stage}; retrieve {searcher.timings['retrieve_ms']:.0f} ms, "

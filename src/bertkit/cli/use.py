@@ -111,10 +111,19 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", default=None, help="your own text before every text")
     p.add_argument("--truncate-dim", type=int, default=None,
                    help="keep the first N dimensions (Matryoshka models), unit length again when normalized")
+    p.add_argument("--sparse", action="store_true",
+                   help="SPLADE sparse embeddings from the model's masked-LM head: {token: weight} per text "
+                   "(--input: JSON Lines of vocabulary indices and values)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="with --sparse: keep each text's K largest weights (default: all non-zero)")
     p.set_defaults(func=_run_embed)
 
 
 def _run_embed(args: argparse.Namespace) -> None:
+    if args.sparse:
+        return _run_embed_sparse(args)
+    if args.top_k is not None:
+        raise ValueError("--top-k goes with --sparse (dense embeddings keep every dimension; see --truncate-dim)")
     from bertkit.inference import embed
     from bertkit.inference.embed import resolve_pooling, resolve_prompt, sentence_transformers_settings
 
@@ -135,6 +144,38 @@ def _run_embed(args: argparse.Namespace) -> None:
     sims = unit_vectors @ unit_vectors.T
     for i, text in enumerate(args.texts):
         print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+
+
+def _run_embed_sparse(args: argparse.Namespace) -> None:
+    """`embed --sparse`: each text's top terms, or a file job of {"indices", "values"} rows."""
+    from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
+    from bertkit.inference.sparse import decode, embed_sparse, sparse_engine
+
+    dense_only = [flag for flag, given in (("--pooling", args.pooling), ("--no-normalize", args.normalize is False),
+                                           ("--truncate-dim", args.truncate_dim)) if given]
+    if dense_only:
+        raise ValueError(f"{dense_only[0]} is for dense embeddings; --sparse weighs vocabulary terms "
+                         "(--top-k keeps the largest)")
+    _inputs(args)
+    if args.input:
+        from bertkit.inference.jobs import output_kind
+
+        output_kind("embed-sparse", args.out)
+    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
+    options = dict(top_k=args.top_k, prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+    engine = sparse_engine(args.model, precision=args.precision, max_batch_tokens=args.max_batch_tokens,
+                           device=args.device, truncate=args.truncate,
+                           **({"max_length": args.max_length} if args.max_length else {}))
+    if args.input:
+        return _file_job(args, "embed-sparse", engine, **options)
+    rows = embed_sparse(engine, args.texts, **options)
+    if args.json:
+        return print_json({"text": t, "embedding": dict(decode(engine.tokenizer, ix, v))}
+                          for t, (ix, v) in zip(args.texts, rows))
+    shown = args.top_k or 10
+    for text, (ix, v) in zip(args.texts, rows):
+        terms = "  ".join(f"{t} {w:.2f}" for t, w in decode(engine.tokenizer, ix, v, shown))
+        print(f"{text}\n  {len(ix)} terms; top {min(shown, len(ix))}: {terms}")
 
 
 def _add_fill_mask(sub: argparse._SubParsersAction) -> None:

@@ -131,11 +131,13 @@ def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.
     return model
 
 
-def input_length(config, tokenizer: BertTokenizer, pooling: "Pooling | None") -> int:
+def input_length(config, tokenizer: BertTokenizer, pooling: "Pooling | None",
+                 model_dir: str | os.PathLike | None = None) -> int:
     """The pieces per input a model directory is read at, whatever the use, the command or the
     route (the CLI, `bertkit.load`, the service and retrieval all load through `Engine.load`):
 
     - a sentence-transformers model: its `max_seq_length`, as it was trained (capped at the model's);
+      a SparseEncoder (modules.json with SpladePooling, `model_dir` given) too;
     - a cross-encoder (a sequence classifier with one relevance logit): its tokenizer's
       `model_max_length` when below the model's limit, as sentence-transformers' CrossEncoder
       reads pairs; `finetune --task rerank` writes its trained pair length there. Its predict,
@@ -145,6 +147,9 @@ def input_length(config, tokenizer: BertTokenizer, pooling: "Pooling | None") ->
     limit = config.max_sequence_length
     if pooling is not None and pooling.max_seq_length:
         return min(pooling.max_seq_length, limit)
+    sparse_length = sparse_encoder_length(model_dir) if model_dir is not None else None
+    if sparse_length:
+        return min(sparse_length, limit)
     cross_encoder = "ForSequenceClassification" in tasks.architecture_kinds(config) and tasks.is_cross_encoder(config)
     if cross_encoder and 2 < tokenizer.model_max_length < limit:
         return tokenizer.model_max_length
@@ -213,7 +218,7 @@ class Engine:
                              f"checkpoint is {kind}); {use} needs {needs}")
         pooling = Pooling.read(model_dir)
         if options.get("max_length") is None:
-            options["max_length"] = input_length(model.config, tokenizer, pooling)
+            options["max_length"] = input_length(model.config, tokenizer, pooling, model_dir)
         return cls(model, tokenizer, model_dir=Path(model_dir), use=use, pooling=pooling, **options)
 
     # -- tokenization --------------------------------------------------------------------------
@@ -298,6 +303,22 @@ def _device(name: str | torch.device) -> torch.device:
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise ValueError(f"unknown device {name!r}; use auto, cpu or cuda")
     return torch.device(name)
+
+
+def sparse_encoder_length(model_dir: str | os.PathLike) -> int | None:
+    """A sentence-transformers SparseEncoder directory's max_seq_length (modules.json names a
+    SpladePooling; sentence_bert_config.json holds the length); None for any other directory."""
+    import json
+
+    root = Path(model_dir)
+    modules, st_config = root / "modules.json", root / "sentence_bert_config.json"
+    if not modules.is_file() or not st_config.is_file() or "SpladePooling" not in modules.read_text(encoding="utf-8"):
+        return None
+    try:
+        length = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
+    except ValueError as err:
+        raise ValueError(f"{st_config}: not valid JSON ({err}); fix or remove it") from None
+    return length if isinstance(length, int) and length > 2 else None
 
 
 # ---------------------------------------------------------------------------------------------

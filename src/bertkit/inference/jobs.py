@@ -31,13 +31,18 @@ from bertkit.inference.fill_mask import fill_mask
 from bertkit.inference.ner import ner, ner_words
 from bertkit.inference.qa import qa
 
-USES = ("embed", "fill-mask", "classify", "ner", "qa", "rerank")
+USES = ("embed", "embed-sparse", "fill-mask", "classify", "ner", "qa", "rerank")
 
 
 def chunk_function(use: str, engine: Engine, options: dict[str, Any]) -> Callable[[list], Any]:
     """The function from a chunk of `files.Record`s to their results, for `use`."""
     if use == "embed":
         return lambda records: embed(engine, [r.text for r in records], **options).numpy()
+    if use == "embed-sparse":  # JSON Lines of {"indices", "values"}: the shape Qdrant and TEI take
+        from bertkit.inference.sparse import embed_sparse
+
+        return lambda records: [{"indices": ix.tolist(), "values": v.tolist()}
+                                for ix, v in embed_sparse(engine, [r.text for r in records], **options)]
     if use == "fill-mask":
         return lambda records: [{"masks": [[dataclasses.asdict(c) for c in mask] for mask in masks]}
                                 for masks in fill_mask(engine, [r.text for r in records], **options)]

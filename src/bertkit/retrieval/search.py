@@ -1,14 +1,15 @@
-"""Search an index: dense (any backend), BM25, or both fused; documents by their best passage;
-optional cross-encoder reranking.
+"""Search an index: dense (any backend), BM25, sparse (SPLADE, `sparse`), or any of them fused;
+documents by their best passage; optional cross-encoder reranking.
 
 `search(index_dir, queries, ...)` embeds the queries with the index's own model (another model
 is refused: its vectors live in another space), asks the index's backend (`backends`) for the best
 passages, and ranks documents by their best passage's score (max aggregation: the first k
 distinct documents of the passage ranking are exactly the k best documents, so the backend is
 asked for more passages until k distinct documents appear). `hybrid="rrf" | "zscore"` fuses that
-ranking with BM25's over the same passages (`fusion`). It retrieves `candidates` documents per
-query and,
-with `rerank=CROSS_ENCODER`, orders those by the cross-encoder's scores of their best passage and keeps `top_k`.
+ranking with BM25's over the same passages (`fusion`); `systems` names which rankings a search
+reads or fuses: dense, bm25 and sparse (the index's sparse side, opened with `sparse=True`). It
+retrieves `candidates` documents per query and, with `rerank=CROSS_ENCODER`, orders those by
+the cross-encoder's scores of their best passage and keeps `top_k`.
 `rerank_weight` below 1 orders them by a mix of both stages instead (`fuse_scores`): on the BBC
 set a bi-encoder and a reranker trained from the same small model are wrong on different
 queries, and the mix beat either alone (bench/retrieval.py picks the weight on dev queries).
@@ -29,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertkit.retrieval.exact import DEFAULT_BUDGET, top_k_inner_product
-from bertkit.retrieval.fusion import HYBRID, check_rerank_weight, fuse_scores, rrf
+from bertkit.retrieval.fusion import HYBRID, check_rerank_weight, fuse_scores, rrf, zscore
 from bertkit.retrieval.index import BM25_DIR, Index, open_index
 
 __all__ = ["DEFAULT_BUDGET", "Hit", "Searcher", "check_rerank_weight", "fuse_scores", "load_reranker",
@@ -62,6 +63,7 @@ class Hit:
     rerank_score: float | None = None  # the cross-encoder's score (sigmoid) when reranked
     dense_score: float | None = None  # hybrid: the document's best inner product
     bm25_score: float | None = None  # hybrid: the document's best BM25 score
+    sparse_score: float | None = None  # hybrid with sparse: the document's best sparse (SPLADE) score
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +76,7 @@ class _Candidate:
     passage: int
     dense: float | None = None
     lexical: float | None = None
+    sparse: float | None = None
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Searcher:
     backend: Any = None  # backends.Backend; None = the index's own
     timings: dict[str, float] | None = None
     bm25: Any = None  # bm25.BM25 over the passages, loaded on the first hybrid query
+    sparse: Any = None  # sparse.SparseSearcher of the index's sparse side, or None
     _doc_first: np.ndarray = field(default=None, repr=False)  # (D + 1,) first passage row of each doc
 
     def __post_init__(self) -> None:
@@ -97,9 +101,11 @@ class Searcher:
     @classmethod
     def open(cls, index_dir: str | os.PathLike, *, model: Any = None, rerank: Any = None,
              rerank_max_length: int | None = None, backend_options: dict[str, Any] | None = None,
-             **engine_options: Any) -> "Searcher":
+             sparse: bool = False, sparse_model: Any = None, **engine_options: Any) -> "Searcher":
         """model: None (the index's own model dir), a model dir or an Engine, checked against the
-        index's fingerprint. rerank: a cross-encoder dir or Engine (task rerank);
+        index's fingerprint. sparse: open the index's sparse side too, with its own masked-LM
+        model (sparse_model: another dir or Engine, refused unless it is the same model and
+        vocabulary). rerank: a cross-encoder dir or Engine (task rerank);
         rerank_max_length: pieces per (query, passage) pair (default: `load_reranker`'s).
         backend_options: override the recorded backend settings (e.g. {"url": ...} for Qdrant)."""
         from bertkit.inference import Engine
@@ -126,7 +132,13 @@ class Searcher:
             if rerank_max_length is not None:
                 options["max_length"] = rerank_max_length
             reranker = rerank if isinstance(rerank, Engine) else load_reranker(rerank, **options)
-        return cls(index, engine, reranker, index.open_backend(**(backend_options or {})))
+        side = None
+        if sparse:
+            from bertkit.retrieval.sparse import SparseSearcher
+
+            options = {k: v for k, v in engine_options.items() if k != "max_length"}
+            side = SparseSearcher.open(index_dir, rows=index.meta["rows"], model=sparse_model, **options)
+        return cls(index, engine, reranker, index.open_backend(**(backend_options or {})), sparse=side)
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         from bertkit.inference import embed
@@ -175,7 +187,11 @@ class Searcher:
                 raise ValueError(f"index {self.index.path} has no BM25 index for --hybrid; rebuild it "
                                  "with `bertkit index` (BM25 is built unless --no-bm25)")
             self.bm25 = BM25.load(self.index.path / BM25_DIR)
-        s = self.bm25.scores(query)  # (P,)
+        return self.by_document(self.bm25.scores(query), n)
+
+    def by_document(self, s: np.ndarray, n: int) -> tuple[list[_Candidate], np.ndarray, np.ndarray]:
+        """Passage scores s (P,) → the n best documents by their best passage, every document's
+        best score (D,) and that passage's row (D,)."""
         pdoc = self.index.passages[:, 0]
         order = np.lexsort((-s, pdoc))  # by document, best passage first; doc d's group starts at _doc_first[d]
         has = np.diff(self._doc_first) > 0  # (D,) documents with a passage
@@ -185,28 +201,53 @@ class Searcher:
         top = sorted(np.argsort(-doc_score, kind="stable")[:n].tolist(), key=lambda d: (-doc_score[d], d))
         return ([_Candidate(d, float(doc_score[d]), int(best[d])) for d in top if has[d]], doc_score, best)
 
-    def first_stage(self, queries: Sequence[str], vectors: np.ndarray, n: int, hybrid: str | None,
-                    **search_params: Any) -> list[list[_Candidate]]:
-        dense = self.dense_documents(vectors, n, **search_params)
-        if hybrid is None:
-            return dense
+    def first_stage(self, queries: Sequence[str], vectors: np.ndarray | None, n: int, hybrid: str | None,
+                    systems: Sequence[str] = ("dense", "bm25"), **search_params: Any) -> list[list[_Candidate]]:
+        """Each query's n best documents by one system, or by `hybrid` fusion of `systems`
+        (dense, bm25, sparse) over the union of each one's n best, every candidate scored by
+        every system exactly (rrf reads ranks; zscore the mean of each system's standardised
+        scores, equal weights)."""
+        dense = self.dense_documents(vectors, n, **search_params) if "dense" in systems else None
+        # Queries encoded together (one engine call); scored one at a time: (P,) floats each, not (Q, P).
+        sparse = self.sparse.encode(queries) if "sparse" in systems else None
+        if hybrid is None or len(systems) == 1:
+            (system,) = systems[:1]
+            if system == "dense":
+                return dense
+            if system == "bm25":
+                return [self.lexical_documents(query, n)[0] for query in queries]
+            return [self.by_document(self.sparse.index.scores([s])[0], n)[0] for s in sparse]
         out = []
         for q, query in enumerate(queries):
-            lexical, doc_score, best = self.lexical_documents(query, n)
-            by_doc = {c.doc: c for c in dense[q]}
-            for c in dense[q]:
-                c.dense, c.lexical = c.score, float(doc_score[c.doc])
-            for c in lexical:
-                if c.doc not in by_doc:
-                    d_score, _ = self._doc_dense(vectors[q], c.doc)
-                    by_doc[c.doc] = _Candidate(c.doc, 0.0, c.passage, d_score, c.score)
+            ranked, full = {}, {}  # system → its n best documents; → every document's best score (D,)
+            if dense is not None:
+                ranked["dense"] = dense[q]
+            if "bm25" in systems:
+                ranked["bm25"], full["bm25"], _ = self.lexical_documents(query, n)
+            if sparse is not None:
+                ranked["sparse"], full["sparse"], _ = self.by_document(self.sparse.index.scores([sparse[q]])[0], n)
+            by_doc: dict[int, _Candidate] = {}
+            for c in ranked.get("dense", []):  # the backend's own scores, as it ranked them
+                by_doc[c.doc] = _Candidate(c.doc, 0.0, c.passage, dense=c.score)
+            for system in systems:
+                for c in ranked[system]:
+                    by_doc.setdefault(c.doc, _Candidate(c.doc, 0.0, c.passage))
+            for c in by_doc.values():
+                if dense is not None and c.dense is None:
+                    c.dense = self._doc_dense(vectors[q], c.doc)[0]
+                c.lexical = float(full["bm25"][c.doc]) if "bm25" in full else None
+                c.sparse = float(full["sparse"][c.doc]) if "sparse" in full else None
             docs = list(by_doc)
             if hybrid == "rrf":
-                fused = rrf([[c.doc for c in dense[q]], [c.doc for c in lexical]])
+                fused = rrf([[c.doc for c in ranked[s]] for s in systems])
                 scores = np.array([fused[d] for d in docs])
-            else:
+            elif list(systems) == ["dense", "bm25"]:  # the two-system mix, as it always was
                 scores = fuse_scores(np.array([by_doc[d].dense for d in docs]),
                                      np.array([by_doc[d].lexical for d in docs]), 0.5)
+            else:
+                field_of = {"dense": "dense", "bm25": "lexical", "sparse": "sparse"}
+                scores = np.mean([zscore(np.array([getattr(by_doc[d], field_of[s]) for d in docs]))
+                                  for s in systems], axis=0)
             order = sorted(range(len(docs)), key=lambda i: (-scores[i], docs[i]))[:n]
             for i in order:
                 by_doc[docs[i]].score = float(scores[i])
@@ -215,7 +256,8 @@ class Searcher:
 
     def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
                rerank_weight: float = 1.0, hybrid: str | None = None, ef: int | None = None,
-               nprobe: int | None = None, vectors: np.ndarray | None = None) -> list[list[Hit]]:
+               nprobe: int | None = None, vectors: np.ndarray | None = None,
+               systems: Sequence[str] | None = None) -> list[list[Hit]]:
         """The best `top_k` documents per query (reranked from `candidates` with a reranker;
         rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score).
 
@@ -223,7 +265,9 @@ class Searcher:
         one's `candidates` best documents; zscore weighs the two equally). ef / nprobe: the
         FAISS search settings (default: those recorded at build time). vectors: the queries'
         (Q, H) vectors when the caller embedded them already (a service batching the index's model
-        with its other requests); None embeds them here."""
+        with its other requests); None embeds them here. systems: the rankings read (one) or
+        fused (several, with hybrid) among dense, bm25 and sparse; default dense, or dense and
+        bm25 under hybrid."""
         import torch
 
         from bertkit.inference.common import as_texts
@@ -240,14 +284,17 @@ class Searcher:
         if self.reranker is not None and candidates < top_k:
             raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
                              "order what the first stage found; raise --candidates")
+        systems = check_systems(systems, hybrid, self.sparse is not None)
         params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe)) if v is not None}
         first = candidates if self.reranker is not None or hybrid is not None else top_k
         tick = time.perf_counter()
-        if vectors is None:
+        if "dense" not in systems:
+            vectors = None
+        elif vectors is None:
             vectors = self.embed_queries(queries)
         elif np.shape(vectors) != (len(queries), self.index.meta["dim"]):
             raise ValueError(f"vectors {np.shape(vectors)} must be (queries {len(queries)}, {self.index.meta['dim']})")
-        found = self.first_stage(queries, vectors, first, hybrid, **params)
+        found = self.first_stage(queries, vectors, first, hybrid, systems, **params)
         timings = {"retrieve_ms": (time.perf_counter() - tick) * 1000, "rerank_ms": 0.0}
         out = []
         for query, cands in zip(queries, found):
@@ -279,8 +326,29 @@ class Searcher:
             _, start, end = (int(x) for x in self.index.passages[c.passage])
             end = len(d["text"]) if end < 0 else end
             hits.append(Hit(r + 1, d["id"], float(s), c.doc, d["text"], d["text"][start:end], start, end,
-                            c.passage, dense_score=c.dense, bm25_score=c.lexical))
+                            c.passage, dense_score=c.dense, bm25_score=c.lexical, sparse_score=c.sparse))
         return hits
+
+
+SYSTEMS = ("dense", "bm25", "sparse")
+
+
+def check_systems(systems: Sequence[str] | None, hybrid: str | None, has_sparse: bool) -> tuple[str, ...]:
+    """The rankings a search reads: `systems` checked, or the default (dense; dense and bm25
+    under hybrid)."""
+    if systems is None:
+        return ("dense", "bm25") if hybrid is not None else ("dense",)
+    systems = tuple(dict.fromkeys(systems))
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        raise ValueError(f"unknown search system {unknown[0] if unknown else 'none'!r}; choose among "
+                         f"{', '.join(SYSTEMS)}")
+    if len(systems) > 1 and hybrid is None:
+        raise ValueError(f"{' + '.join(systems)} are several rankings: pass a fusion (--hybrid rrf or zscore)")
+    if "sparse" in systems and not has_sparse:
+        raise ValueError("the sparse ranking needs the index's sparse side opened (--sparse; "
+                         "Searcher.open(..., sparse=True))")
+    return systems
 
 
 def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
@@ -303,9 +371,11 @@ def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
 def search(index_dir: str | os.PathLike, queries: str | Sequence[str], *, top_k: int = 10,
            candidates: int = 100, model: Any = None, rerank: Any = None, rerank_weight: float = 1.0,
            hybrid: str | None = None, ef: int | None = None, nprobe: int | None = None,
-           backend_options: dict[str, Any] | None = None, **engine_options: Any) -> list[list[Hit]]:
+           backend_options: dict[str, Any] | None = None, systems: Sequence[str] | None = None,
+           sparse_model: Any = None, **engine_options: Any) -> list[list[Hit]]:
     """One-shot search: open the index (and models), answer `queries`; see `Searcher`."""
+    wants_sparse = systems is not None and "sparse" in systems
     searcher = Searcher.open(index_dir, model=model, rerank=rerank, backend_options=backend_options,
-                             **engine_options)
+                             sparse=wants_sparse, sparse_model=sparse_model, **engine_options)
     return searcher.search(queries, top_k=top_k, candidates=candidates, rerank_weight=rerank_weight,
-                           hybrid=hybrid, ef=ef, nprobe=nprobe)
+                           hybrid=hybrid, ef=ef, nprobe=nprobe, systems=systems)

@@ -73,6 +73,9 @@ ROUTES: list[RouteSpec] = [
                                       schemas.EmbedRequest, schemas.EmbedResponse)),
     RouteSpec(routes.route_embed_all, _op("/embed_all", "post", "embed_all", "Every token's vector, "
                                           "not pooled (TEI)", schemas.EmbedAllRequest, schemas.EmbedAllResponse)),
+    RouteSpec(routes.route_embed_sparse, _op("/embed_sparse", "post", "embed_sparse", "SPLADE sparse "
+                                             "embeddings from a masked-LM head (TEI)", schemas.EmbedSparseRequest,
+                                             schemas.EmbedSparseResponse)),
     RouteSpec(routes.route_similarity, _op("/similarity", "post", "similarity", "Cosine similarity of "
                                            "sentences to a source sentence (TEI)", schemas.SimilarityRequest,
                                            schemas.SimilarityResponse)),

@@ -2,7 +2,7 @@
 
 text-embeddings-inference's routes and JSON (`router/src/http/server.rs`): POST / (dispatched
 by the body and the model's head, as TEI's), /embed,
-/embed_all, /similarity, /rerank, /predict, /tokenize, /decode; GET /health, /info, /metrics;
+/embed_all, /embed_sparse, /similarity, /rerank, /predict, /tokenize, /decode; GET /health, /info, /metrics;
 and the uses TEI lacks: POST /fill-mask, /ner, /qa. OpenAI's routes are in openai.py. Request
 and answer shapes are declared in schemas.py; app.py lists every route once.
 """
@@ -111,6 +111,21 @@ async def route_embed_all(service: Service, request: Request) -> Response:
     rows = await vectors_of(service, request, model, texts, truncate_of(service, req.truncate), "inputs",
                             use="token-vectors")
     return JSONResponse([array(row) for row in rows])
+
+
+async def route_embed_sparse(service: Service, request: Request) -> Response:
+    """TEI's /embed_sparse: per input [{"index", "value"}], its SPLADE term weights (a model
+    with a masked-LM head; any other is refused, 424, as TEI refuses a model without SPLADE
+    pooling and as every head route here does)."""
+    req = await body(service, request, schemas.EmbedSparseRequest, "/embed_sparse")
+    model = service.model(req.model, "embed_sparse")
+    texts, _ = schemas.texts_of(req.inputs)
+    service.limits.check_batch("inputs", len(texts))
+    texts = with_prompt(service.prompt(model, req.prompt_name), texts)
+    rows = await vectors_of(service, request, model, texts, truncate_of(service, req.truncate), "inputs",
+                            use="embed-sparse")
+    return JSONResponse([[{"index": i, "value": v} for i, v in zip(ix.tolist(), values.tolist())]
+                         for ix, values in rows])
 
 
 async def route_similarity(service: Service, request: Request) -> Response:

@@ -16,6 +16,7 @@ import torch
 
 from bertkit.inference import fill_mask, ner, qa
 from bertkit.inference.embed import pool, resolve_pooling
+from bertkit.inference.sparse import SpladePooling, splade_weights
 from bertkit.model import encoder_of
 from bertkit.serve.models import ServedModel
 
@@ -79,7 +80,15 @@ def run_qa(model: ServedModel, key: tuple, pairs: Sequence[tuple[str, str]]) -> 
               max_answer_length=max_answer_length, allow_no_answer=allow_no_answer)
 
 
+def run_embed_sparse(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(indices, values) SPLADE weights per sequence, with the model's own pooling settings."""
+    if "splade" not in model.extra:
+        model.extra["splade"] = SpladePooling.read(model.engine.model_dir)
+    pooling = model.extra["splade"]
+    return _run_ids(model, items, lambda m, batch: splade_weights(m, batch, pooling, None))
+
+
 RUNNERS: dict[str, Callable[[ServedModel, tuple, Sequence[Any]], list[Any]]] = {
     "embed": run_embed, "token-vectors": run_token_vectors, "logits": run_logits,
-    "fill-mask": run_fill_mask, "ner": run_ner, "qa": run_qa,
+    "fill-mask": run_fill_mask, "ner": run_ner, "qa": run_qa, "embed-sparse": run_embed_sparse,
 }

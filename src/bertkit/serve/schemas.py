@@ -197,6 +197,15 @@ class FillMaskRequest(Request):
     model: Model = None
 
 
+class EmbedSparseRequest(Request):
+    """TEI's /embed_sparse: SPLADE term weights from a masked-LM head."""
+    inputs: Texts
+    truncate: Truncate = None
+    truncation_direction: Direction = "Right"
+    prompt_name: PromptName = None
+    model: Model = None
+
+
 class NerRequest(Request):
     inputs: Texts
     model: Model = None
@@ -250,6 +259,15 @@ class EmbedResponse(RootModel[list[list[float]]]):
 
 class EmbedAllResponse(RootModel[list[list[list[float]]]]):
     """Per input, one vector per token (specials included), not pooled nor normalised."""
+
+
+class SparseValue(BaseModel):
+    index: int  # a vocabulary id
+    value: float  # its weight, > 0
+
+
+class EmbedSparseResponse(RootModel[list[list[SparseValue]]]):
+    """Per input, its non-zero term weights in increasing vocabulary order (TEI's shape)."""
 
 
 class OpenAIEmbedding(BaseModel):
