@@ -38,6 +38,16 @@ def tiny_encoder(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+def tiny_mlm(directory: Path, seed: int = 0) -> Path:
+    """A random BertForMaskedLM with its tokenizer: a (meaningless) SPLADE model."""
+    from bertkit.model import BertForMaskedLM
+
+    torch.manual_seed(seed)
+    BertForMaskedLM(tiny_config()).eval().save_pretrained(directory)
+    save_tokenizer(directory)
+    return directory
+
+
 def tiny_cross_encoder(directory: Path, seed: int = 1) -> Path:
     from bertkit.heads import BertForSequenceClassification
 

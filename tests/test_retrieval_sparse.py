@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from bertkit.inference.sparse import embed_sparse
 from bertkit.model import BertForMaskedLM
@@ -20,16 +19,9 @@ from bertkit.retrieval.update import update_index
 
 from model_fixtures import save_tiny
 from pretrain_fixtures import one_thread  # noqa: F401
-from retrieval_fixtures import save_tokenizer, sentences, tiny_config, tiny_encoder, write_corpus
+from retrieval_fixtures import sentences, tiny_encoder, tiny_mlm, write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_mlm(directory, seed=0):
-    torch.manual_seed(seed)
-    BertForMaskedLM(tiny_config()).eval().save_pretrained(directory)
-    save_tokenizer(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,10 @@ import pytest
 import torch
 
 from bertkit.inference.sparse import SpladePooling, decode, embed_sparse, sparse_engine, to_sparse_tensor
-from bertkit.model import BertForMaskedLM
 
-from retrieval_fixtures import VOCAB, save_tokenizer, sentences, tiny_config, tiny_encoder
+from retrieval_fixtures import VOCAB, sentences, tiny_encoder, tiny_mlm
 
 TEXTS = sentences(9, seed=3) + ["red ball", "the big green tree over the river city news game team wins " * 3]
-
-
-def tiny_mlm(directory, seed: int = 0):
-    torch.manual_seed(seed)
-    BertForMaskedLM(tiny_config()).eval().save_pretrained(directory)
-    save_tokenizer(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

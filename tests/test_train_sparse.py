@@ -10,20 +10,12 @@ import pytest
 import torch
 
 from bertkit.inference.sparse import embed_sparse
-from bertkit.model import BertForMaskedLM
 from bertkit.train import sparse as train_sparse
 
 from pretrain_fixtures import one_thread  # noqa: F401
-from retrieval_fixtures import WORDS, save_tokenizer, sentences, tiny_config, tiny_encoder
+from retrieval_fixtures import WORDS, save_tokenizer, sentences, tiny_encoder, tiny_mlm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_mlm(directory, seed=0):
-    torch.manual_seed(seed)
-    BertForMaskedLM(tiny_config()).eval().save_pretrained(directory)
-    save_tokenizer(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -144,6 +144,7 @@ class Pair:
 # ---------------------------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------------------------
+
 def read_pairs(spec: str, default_split: str = "train") -> tuple[list[Pair], DataReport]:
     """Training pairs from a JSONL / TSV file or builtin:NAME[:SPLIT] (see the module docstring)."""
     if spec.startswith(BUILTIN_PREFIX):
@@ -352,13 +353,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
                 loss = _embed_loss(model, tokenizer, [examples[i] for i in batch], config, device)
             else:
                 loss = _rerank_loss(model, tokenizer, [examples[i] for i in batch], config, device)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1}; lower --lr")
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(loss, model, optimizer, schedule, config.max_grad_norm, step)
             step += 1
             steps.append({"step": step, "epoch": epoch, "loss": loss.item(),
                           "lr": schedule.get_last_lr()[0]})
@@ -437,6 +432,18 @@ def _embed_loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig
     dv = pool_padded(model(**d).last_hidden_state, d["attention_mask"], config.pooling)  # (C, H)
     return multiple_negatives_ranking_loss(qv, dv, config.scale)
 
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, schedule, max_grad_norm: float,
+                   step: int) -> None:
+    """One update from `loss` (step: the updates done so far): refused if the loss is not finite,
+    gradients clipped to `max_grad_norm`, then the optimizer and the schedule step."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1}; lower --lr")
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
 
 def listwise_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """logits (G, 1 + K): column 0 each query's positive, the rest its negatives; mask (G, 1 + K)

@@ -45,7 +45,7 @@ from torch import nn
 from bertkit.fileio import atomic_write_json, atomic_write_text, model_directory
 from bertkit.train import health
 from bertkit.train import state as train_state
-from bertkit.train.retrieval import BUILTIN_PREFIX, Pair, read_pairs
+from bertkit.train.retrieval import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +237,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
             rank, reg_q, reg_d = _losses(model, tokenizer, [pairs[i] for i in batch],
                                          [negatives[i] for i in batch], config, device)
             loss = rank + share * (config.flops_query_weight * reg_q + config.flops_doc_weight * reg_d)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1}; lower --lr")
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(loss, model, optimizer, schedule, config.max_grad_norm, step)
             step += 1
             steps.append({"step": step, "epoch": epoch, "loss": loss.item(), "ranking_loss": rank.item(),
                           "flops_query": reg_q.item(), "flops_doc": reg_d.item(), "flops_share": share,
