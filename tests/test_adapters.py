@@ -216,3 +216,32 @@ def test_finetune_embed_and_rerank_train_lora_adapters(tmp_path, task):
         assert view.pooling.mode == "mean" and embed(view, ["a cat"]).shape == (1, view.config.hidden_size)
     else:
         assert view.max_length == 24 and len(rerank(view, "a cat", ["the cat runs", "a dog"])) == 2
+
+
+def test_cli_runs_an_adapter_over_its_base(base_dir, classifiers, capsys):
+    from bertkit import cli
+
+    adapter, merged = classifiers[0]
+    assert cli.main(["classify", str(base_dir), "--adapter", str(adapter), "--json", *TEXTS[:2]]) == 0
+    ours = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cli.main(["classify", str(merged), "--json", *TEXTS[:2]]) == 0
+    theirs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["label"] for o in ours] == [t["label"] for t in theirs]
+    assert all(abs(o["score"] - t["score"]) < 1e-5 for o, t in zip(ours, theirs))
+    assert cli.main(["ner", str(base_dir), "--adapter", str(adapter), "a text"]) == 2
+    assert "is a classify adapter; run it with `bertkit classify" in capsys.readouterr().err
+
+
+def test_front_door_loads_adapters_over_one_base(base_dir, classifiers):
+    import bertkit
+
+    models = bertkit.load_adapters(base_dir, {"topics": classifiers[0][0], "sentiment": classifiers[1][0]},
+                                   device="cpu")
+    assert {m.use for m in models.values()} == {"classify"}
+    assert models["topics"].engine.model.bert is models["sentiment"].engine.model.bert  # one base in memory
+    for name, (_, merged) in zip(("topics", "sentiment"), classifiers):
+        ours = models[name].classify(TEXTS)
+        theirs = bertkit.load(merged, device="cpu").classify(TEXTS)
+        assert [o["label"] for o in ours] == [t["label"] for t in theirs]
+    one = bertkit.load(base_dir, adapter=classifiers[1][0], device="cpu")
+    assert one.classify(TEXTS[0])["label"] in ("neg", "pos")
