@@ -35,8 +35,8 @@ _EXPORTS = {
     "BertForQuestionAnswering": "bertkit.heads",
 }
 
-__all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "BertConfig", "BertTokenizer", "BertModel", "BertForMaskedLM",
-           "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
+__all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "BertConfig", "BertTokenizer", "BertModel",
+           "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering"]
 
 if TYPE_CHECKING:
