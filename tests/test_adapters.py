@@ -17,8 +17,8 @@ from bertkit.inference.classify import logits as sequence_logits
 from bertkit.inference.ner import token_logits
 from bertkit.model import BertModel
 from bertkit.tokenizer import BertTokenizer
-from bertkit.train import lora
 
+from adapter_fixtures import make_adapter
 from model_fixtures import save_tiny
 from pretrain_fixtures import one_thread  # noqa: F401
 
@@ -26,7 +26,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TEXTS = ["Shares fell sharply in early trading.", "The striker scored twice", "a",
          "Parliament passed the bill after a long debate on taxes and spending.", "new phones", "ok then"]
-ALL = ("query", "key", "value", "attention.output", "intermediate", "output")
 
 
 @pytest.fixture(scope="module")
@@ -37,25 +36,6 @@ def tokenizer(minilm_dir):
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory, tokenizer):
     return save_tiny(BertModel, tokenizer, tmp_path_factory.mktemp("base"), seed=3)
-
-
-def make_adapter(base_dir, out, model_class, *, seed, targets=ALL, labels=None, use=None, r=4):
-    """A LoRA model over `base_dir` with random (non-zero) adapters and head, saved twice: PEFT
-    adapter files in out/adapter, merged into a plain checkpoint in out/merged."""
-    overrides = ({"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
-                 if labels else {})
-    model = model_class.from_pretrained(base_dir, **overrides)
-    torch.manual_seed(seed)
-    lora.apply_lora(model, lora.LoraSpec(r=r, alpha=2.0 * r, dropout=0.0, targets=targets))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".lora_B." in name or (hasattr(model, "bert") and not name.startswith("bert.")):
-                param.copy_(torch.randn(param.shape) * 0.3)
-    model.eval()
-    lora.save_adapters(model, out / "adapter", base_model=str(base_dir), use=use)
-    lora.save_lora(model, out / "merged", "merged", str(base_dir))
-    BertTokenizer.from_pretrained(base_dir).save_pretrained(out / "merged")
-    return out / "adapter", out / "merged"
 
 
 @pytest.fixture(scope="module")
