@@ -66,7 +66,7 @@ def fingerprint(encoder: nn.Module) -> str:
             continue
         tensor = state[name].detach().float().cpu().contiguous()
         digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.numpy().tobytes())
+        digest.update(tensor.numpy())  # the buffer itself, not a copy of it
     return "sha256:" + digest.hexdigest()
 
 
@@ -122,12 +122,15 @@ class AdapterFiles:
                 + sum(t.numel() for t in self.head.values()))
 
 
-def module_table(config: BertConfig) -> tuple[dict[str, tuple[str, int, int]], dict[str, int]]:
+def module_table(config: BertConfig, encoder: nn.Module | None = None
+                 ) -> tuple[dict[str, tuple[str, int, int]], dict[str, int]]:
     """transformers' module names of the base's Linear layers (with and without the family's
     prefix) → (bertkit module, first and last output row it covers), and each bertkit module's
-    in_features. Q, K and V are thirds of bertkit's fused qkv."""
-    with torch.device("meta"):
-        encoder = BertModel(config)
+    in_features. Q, K and V are thirds of bertkit's fused qkv. encoder: the base's (its sizes are
+    read); default: one made on the meta device from `config`."""
+    if encoder is None:
+        with torch.device("meta"):
+            encoder = BertModel(config)
     prefix = name_map(config).prefix
     table: dict[str, tuple[str, int, int]] = {}
     inputs: dict[str, int] = {}
@@ -214,8 +217,9 @@ def check_base(directory: Path, side: dict[str, Any] | None, config: BertConfig,
 
 
 def read_adapter(directory: str | Path, config: BertConfig, *, base_fp: str | None = None,
-                 base_name: str = "this base") -> AdapterFiles:
-    """Read and check an adapter directory for a base of `config` (fingerprint `base_fp`).
+                 base_name: str = "this base", encoder: nn.Module | None = None) -> AdapterFiles:
+    """Read and check an adapter directory for a base of `config` (fingerprint `base_fp`; its
+    `encoder` when at hand, see `module_table`).
 
     Raises AdapterError naming what does not fit: a missing or half-written file, another base,
     a module the base lacks, a rank or size that differs.
@@ -235,7 +239,7 @@ def read_adapter(directory: str | Path, config: BertConfig, *, base_fp: str | No
         raise AdapterError(f"{weights} is truncated or damaged ({err}); write the adapter again") from None
     r, alpha = int(peft["r"]), float(peft["lora_alpha"])
     scale = alpha / math.sqrt(r) if peft.get("use_rslora") else alpha / r
-    table, inputs = module_table(config)
+    table, inputs = module_table(config, encoder)
     pieces: dict[str, dict[str, torch.Tensor]] = {}
     head_hf: dict[str, torch.Tensor] = {}
     for key, tensor in saved.items():

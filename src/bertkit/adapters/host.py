@@ -110,7 +110,7 @@ class AdapterHost:
         if name in self.adapters:
             raise ValueError(f"an adapter named {name!r} is loaded already; drop it first or choose another name")
         files = read_adapter(directory, self.engine.config, base_fp=self.fingerprint,
-                             base_name=f"{self.name} ({self.base_dir or 'in memory'})")
+                             base_name=f"{self.name} ({self.base_dir or 'in memory'})", encoder=self.encoder)
         model = self._task_model(files)
         dtype, device = self.engine.float_dtype, self.engine.device
         own_pooler = {k[len("bert.pooler."):]: v for k, v in files.head.items() if k.startswith("bert.pooler.")}
@@ -172,9 +172,12 @@ class AdapterHost:
             names = files.labels or [f"LABEL_{i}" for i in range(count)]
             config = config.replace(id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
                                     problem_type=files.problem_type)
-        with torch.device("meta"):
-            model = use_class(files.use)(config)
-        model.bert = self.encoder
+        # Built over a one-layer stand-in encoder (a few kB; the meta device would do, but its first
+        # use imports ~70 MB of torch's decompositions), whose place the shared encoder then takes.
+        stand_in = config.replace(vocab_size=8, num_hidden_layers=1, intermediate_size=8,
+                                  max_position_embeddings=8)
+        model = use_class(files.use)(stand_in).to(self.engine.device)
+        model.bert, model.config = self.encoder, config
         own = {k: v for k, v in model.state_dict().items() if not k.startswith("bert.")}
         missing = sorted(set(own) - set(head))
         unexpected = sorted(set(head) - set(own))
@@ -185,9 +188,6 @@ class AdapterHost:
                                + "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
                                                        f"unexpected {', '.join(unexpected)}" if unexpected else "",
                                                        f"sized {', '.join(wrong)}" if wrong else "") if p))
-        for child_name, child in model.named_children():
-            if child_name != "bert":
-                child.to_empty(device=self.engine.device)
         model.load_state_dict(head, strict=False)
         model.eval()
         for child_name, child in model.named_children():

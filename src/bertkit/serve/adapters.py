@@ -20,7 +20,6 @@ base is refused (422) and the others keep serving.
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,9 +118,11 @@ class ServedAdapters:
         routes = [*tasks.COMMON_ROUTES, *tasks.USES[adapter.use].routes]
         if adapter.use in ("classify", "rerank") and tasks.is_cross_encoder(config):
             routes += [r for r in (*tasks.USES["classify"].routes, *tasks.USES["rerank"].routes) if r not in routes]
+        # The base's two tokenizers, not copies (a copy per adapter costs memory for nothing): every
+        # model's `tokenizer` is used by the one tokenizing thread, `loop_tokenizer` by the event loop.
         base_model = self.models[host.name]
-        return ServedModel(name, adapter.engine, copy.deepcopy(base_model.tokenizer), tuple(routes),
-                           base=host.name, adapter=adapter.describe())
+        return ServedModel(name, adapter.engine, base_model.tokenizer, tuple(routes),
+                           loop_tokenizer=base_model.loop_tokenizer, base=host.name, adapter=adapter.describe())
 
     def drop(self, model: ServedModel) -> None:
         self.hosts[model.base].remove(model.name)
