@@ -15,7 +15,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                        "(OpenAPI 3.1), /docs. Each request picks a model with its `model` field "
                        "(the first is the default); requests are batched together on one model "
                        "thread. --adapter NAME=DIR serves a LoRA adapter over its base model (many "
-                       "adapters share the base in memory and in batches). SIGTERM or Ctrl-C: stop taking requests, finish those in flight, exit 0.")
+                       "adapters share the base in memory and in batches). SIGTERM or Ctrl-C: stop "
+                       "taking requests, finish those in flight, exit 0.")
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL_DIR",
                    help="model dirs, each optionally named (default name: the dir's last part)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this "
