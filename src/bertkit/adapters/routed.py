@@ -54,9 +54,14 @@ class Routing:
     def route(self, lengths: Sequence[int], slots: Sequence[int | None], device: torch.device) -> Iterator[None]:
         """Within the block, layers see sequences of `lengths` (packed order) with these slots."""
         with self.lock:
-            per_token = [s for s, n in zip(slots, lengths) for _ in range(n)]
-            self._tokens = self._groups(per_token, device)
-            self._sequences = self._groups(list(slots), device)
+            distinct = set(slots)
+            if len(distinct) == 1:  # one adapter (or the base) for the whole batch: no index at all
+                (only,) = distinct
+                self._tokens = self._sequences = [] if only is None else [(only, None)]
+            else:
+                per_token = [s for s, n in zip(slots, lengths) for _ in range(n)]
+                self._tokens = self._groups(per_token, device)
+                self._sequences = self._groups(list(slots), device)
             self._n, self._b = sum(lengths), len(lengths)
             try:
                 yield
