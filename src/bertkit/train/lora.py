@@ -49,7 +49,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bertkit.adapters.files import base_record, fingerprint, write_side_file
-from bertkit.checkpoint import architecture_name, load_into, name_map, read_state_dict, to_hf_state_dict
+from bertkit.checkpoint import (
+    architecture_name,
+    from_hf_state_dict,
+    load_into,
+    name_map,
+    read_state_dict,
+    to_hf_state_dict,
+)
 from bertkit.fileio import atomic_path, atomic_write_json
 from bertkit.model import encoder_of
 
@@ -389,7 +396,12 @@ def load_adapters(model: nn.Module, adapter_dir: str | Path) -> None:
                 module.lora_A[key].copy_(saved[f"{stem}.lora_A.weight"])
                 module.lora_B[key].copy_(saved[f"{stem}.lora_B.weight"])
     head = {k[len(PEFT_PREFIX):]: v for k, v in saved.items() if ".lora_" not in k}
-    load_into(model, head, str(path))
+    # The head alone (load_into would report every encoder tensor as missing from this file)
+    converted = from_hf_state_dict(head, has_base_prefix=hasattr(model, "bert"), config=model.config)
+    result = model.load_state_dict(converted, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"{path} holds tensors the model does not have ({result.unexpected_keys[0]}, ...); "
+                         "was it saved for another task or model?")
 
 
 def save_lora(model: nn.Module, out_dir: str | Path, mode: str, base_model: str, **side: Any) -> None:
