@@ -109,8 +109,10 @@ class AdapterHost:
         not fit this base (nothing is installed then)."""
         if name in self.adapters:
             raise ValueError(f"an adapter named {name!r} is loaded already; drop it first or choose another name")
-        files = read_adapter(directory, self.engine.config, base_fp=self.fingerprint,
-                             base_name=f"{self.name} ({self.base_dir or 'in memory'})", encoder=self.encoder)
+        where = str(self.base_dir) if self.base_dir is not None else "in memory"
+        base_name = where if self.base_dir is not None and self.base_dir.name == self.name else f"{self.name} ({where})"
+        files = read_adapter(directory, self.engine.config, base_fp=self.fingerprint, base_name=base_name,
+                             encoder=self.encoder)
         model = self._task_model(files)
         dtype, device = self.engine.float_dtype, self.engine.device
         own_pooler = {k[len("bert.pooler."):]: v for k, v in files.head.items() if k.startswith("bert.pooler.")}
