@@ -286,6 +286,7 @@ BAD = [
     ("/fill-mask", {"inputs": "a [MASK]", "model": "mlm", "top_k": 0}, 422, "`top_k` must be an integer"),
     ("/qa", {"question": ["a", "b"], "context": ["c", "d", "e"], "model": "qa"}, 422, "`context` has 3"),
     ("/embed", b'{"inputs": "' + b"x" * 100_001 + b'"}', 413, "payload limit of 100,000 bytes"),
+    ("/adapters", {"name": "topics", "path": "topics"}, 403, "adapters at run time is off"),
 ]
 
 

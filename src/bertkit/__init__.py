@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 # name → the module that defines it
 _EXPORTS = {
     "load": "bertkit.api",
+    "load_adapters": "bertkit.api",
     "Model": "bertkit.api",
     "Engine": "bertkit.inference",
     "BertConfig": "bertkit.config",
@@ -34,12 +35,12 @@ _EXPORTS = {
     "BertForQuestionAnswering": "bertkit.heads",
 }
 
-__all__ = ["__version__", "load", "Model", "Engine", "BertConfig", "BertTokenizer", "BertModel", "BertForMaskedLM",
-           "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
+__all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "BertConfig", "BertTokenizer", "BertModel",
+           "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering"]
 
 if TYPE_CHECKING:
-    from bertkit.api import Model, load
+    from bertkit.api import Model, load, load_adapters
     from bertkit.config import BertConfig
     from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
     from bertkit.inference import Engine

@@ -25,7 +25,7 @@ as they are.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -42,10 +42,13 @@ from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
 DEFAULT_CHUNK = 1024
 
 
-def load(path: str | os.PathLike, *, precision: str = "fp32", device: str = "auto",
-         max_length: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None, precision: str = "fp32",
+         device: str = "auto", max_length: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
          threads: int | None = None, truncate: bool = True) -> "Model":
     """Load a model directory (bertkit's or any Hugging Face BERT-family checkpoint) for use.
+
+    adapter: a LoRA adapter directory (PEFT's files) to run over `path`, its base: the Model then
+      has the adapter's use, head and labels (`load_adapters` loads several over one base).
 
     precision: fp32 (default: equal to sentence-transformers and transformers), bf16, int8 (CPU;
       cosine ≈ 0.99 to fp32) or auto (the faster of fp32 and bf16, measured on this machine).
@@ -55,6 +58,10 @@ def load(path: str | os.PathLike, *, precision: str = "fp32", device: str = "aut
     max_batch_tokens: the engine's token budget per batch. threads: torch's intra-op threads.
     """
     directory = model_directory(path)
+    if adapter is not None:
+        return load_adapters(directory, {"adapter": adapter}, precision=precision, device=device,
+                             max_length=max_length, max_batch_tokens=max_batch_tokens, threads=threads,
+                             truncate=truncate)["adapter"]
     use = tasks.use_of(directory)
     if use == "classify" and tasks.is_cross_encoder(BertConfig.from_json(directory)):
         use = "rerank"  # a one-label classifier is a cross-encoder, and `model.use` says so
@@ -63,6 +70,29 @@ def load(path: str | os.PathLike, *, precision: str = "fp32", device: str = "aut
     if max_length is not None:
         options["max_length"] = max_length
     return Model(Engine.load(directory, use=use, **options), **sentence_transformers_settings(directory))
+
+
+def load_adapters(base: str | os.PathLike, adapters: Mapping[str, str | os.PathLike], *,
+                  precision: str = "fp32", device: str = "auto", max_length: int | None = None,
+                  max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, threads: int | None = None,
+                  truncate: bool = True) -> dict[str, "Model"]:
+    """{name: Model} of LoRA adapters over one base loaded once (`bertkit.adapters`): each Model
+    has its adapter's use, head and labels; the base's weights are in memory once for all.
+
+        models = bertkit.load_adapters("minilm", {"topics": "runs/topics", "sentiment": "runs/sent"})
+        models["topics"].classify(["Shares fell sharply"])
+    """
+    from bertkit.adapters import AdapterHost
+
+    directory = model_directory(base)
+    options: dict[str, Any] = dict(precision=precision, device=device, max_batch_tokens=max_batch_tokens,
+                                   threads=threads, truncate=truncate)
+    if max_length is not None:
+        options["max_length"] = max_length
+    host = AdapterHost(Engine.load(directory, use="embed", **options), directory)
+    settings = sentence_transformers_settings(directory)
+    return {name: Model(host.add(name, path, max_length=max_length).engine, **settings)
+            for name, path in adapters.items()}
 
 
 class Model:

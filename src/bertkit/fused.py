@@ -12,7 +12,10 @@ while it is still in cache.
 (inference mode or no_grad: the op has no backward), not under torch.compile, a CPU tensor of
 the weight's dtype, fp32 or bf16, a plain nn.Linear (a LoRA or int8 layer keeps its own
 forward) and a probe that found the op present and equal to the unfused result on this
-machine. Otherwise it computes the same thing unfused. The results equal the unfused ones up
+machine. Otherwise it computes the same thing unfused. A layer with per-row adapter terms
+(`bertkit.adapters.routed.RoutedLinear`: `base` and `add_rows`) runs its base here (fused
+where it can) and adds the terms before the activation; a batch without its adapters runs the
+base alone. The results equal the unfused ones up
 to float summation order (≤ 1e-5 on the model's outputs: the inference tests compare against
 transformers). BERTKIT_ONEDNN=0 turns it off.
 """
@@ -81,6 +84,15 @@ def linear(module: nn.Module, x: torch.Tensor, post: tuple | None = None,
     not combined: residual only with post=None). Returns (N, out)."""
     if post is not None and residual is not None:
         raise ValueError("linear fuses an activation or a residual addition, not both")
+    add_rows = getattr(module, "add_rows", None)
+    if add_rows is not None:  # per-row adapter terms: the base fused, the terms added before `post`
+        groups = module.active(x.shape[0])
+        if not groups:
+            return linear(module.base, x, post, residual)
+        y = add_rows(x, linear(module.base, x, residual=residual), groups)
+        if post is not None:
+            y = F.relu(y) if post[0] == "relu" else F.gelu(y, approximate=post[2] or "none")
+        return y
     if usable(module, x):
         if residual is not None and residual.is_contiguous() and residual.dtype == x.dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, module.weight, module.bias, "add")

@@ -25,6 +25,7 @@ from pydantic.json_schema import models_json_schema
 STATUS_TEXT = {
     400: "bad request",
     401: "missing or wrong API key",
+    403: "an admin route that is off, or a path outside the directory it may read",
     404: "no such model or route",
     413: "request body over the payload limit",
     422: "a field's value is wrong (type, emptiness, length, batch size), or the body is not JSON",

@@ -14,7 +14,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                        "/fill-mask, /ner, /qa; GET /v1/models, /health, /info, /metrics, /openapi.json "
                        "(OpenAPI 3.1), /docs. Each request picks a model with its `model` field "
                        "(the first is the default); requests are batched together on one model "
-                       "thread. SIGTERM or Ctrl-C: stop taking requests, finish those in flight, exit 0.")
+                       "thread. --adapter NAME=DIR serves a LoRA adapter over its base model (many "
+                       "adapters share the base in memory and in batches). SIGTERM or Ctrl-C: stop "
+                       "taking requests, finish those in flight, exit 0.")
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL_DIR",
                    help="model dirs, each optionally named (default name: the dir's last part)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this "
@@ -43,6 +45,13 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="cut over-long inputs instead of refusing them")
     p.add_argument("--payload-limit", type=int, default=2_000_000, help="request body bytes (2,000,000)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (not on /health)")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR[@MODEL]",
+                   help="serve a LoRA adapter dir as NAME over the served model it was trained on (its "
+                   "bertkit_adapter.json says which; @MODEL to choose); adapters of one base share its "
+                   "weights and batches; repeatable")
+    p.add_argument("--adapter-root", default=None, metavar="DIR",
+                   help="allow POST /adapters (load an adapter dir inside DIR) and DELETE /adapters/NAME "
+                   "at run time; needs --api-key")
     add_engine_arguments(p, max_batch_tokens_help="real tokens per model run, all requests together (8192)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight at shutdown (30)")
@@ -52,6 +61,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def _run_serve(args: argparse.Namespace) -> None:
     need_web_stack("serve")
     from bertkit.serve import Limits, Service, load_model, parse_model_args, parse_served_names, serve
+    from bertkit.serve.adapters import ServedAdapters, parse_adapter_args
     from bertkit.web import listen
 
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
@@ -63,15 +73,26 @@ def _run_serve(args: argparse.Namespace) -> None:
                **({"max_length": args.max_input_length} if args.max_input_length else {})}
     named = parse_model_args(args.models)
     aliases = parse_served_names(args.served_model_name, [name for name, _ in named])
+    adapter_specs = parse_adapter_args(args.adapter)
+    if args.adapter_root and not args.api_key:
+        raise ValueError("--adapter-root lets clients load adapters: it needs --api-key KEY as well")
+    taken = [n for n, _, _ in adapter_specs if n in aliases or any(n == m for m, _ in named)]
+    if taken:
+        raise ValueError(f"--adapter {taken[0]!r}: the name is taken by a model or alias; every name is unique")
     models = {name: load_model(name, directory, **options) for name, directory in named}
+    adapters = ServedAdapters.attach(models, args.adapter_root) if adapter_specs or args.adapter_root else None
+    for name, directory, base in adapter_specs:
+        models[name] = adapters.load(name, directory, base)
     service = Service(models, limits, api_key=args.api_key, aliases=aliases,
                       default_prompt_name=args.default_prompt_name,
-                      allow_truncated_dimensions=args.allow_truncated_dimensions)
+                      allow_truncated_dimensions=args.allow_truncated_dimensions, adapters=adapters)
     sock = listen(args.host, args.port)  # before announcing: a busy port is an error line
     for model in models.values():
         names = [a for a, m in aliases.items() if m == model.name]
+        source = (f"adapter {model.adapter['dir']} over {model.base}" if model.base is not None
+                  else model.engine.model_dir)
         print(f"model {model.name}{' (also ' + ', '.join(names) + ')' if names else ''}: "
-              f"{model.engine.model_dir} → {', '.join(model.uses)} "
+              f"{source} → {', '.join(model.uses)} "
               f"({model.engine.precision}, {model.engine.device}, ≤ {model.max_length} tokens)")
     print(f"listening on http://{args.host}:{sock.getsockname()[1]} (SIGTERM or Ctrl-C stops, "
           "finishing requests in flight)", flush=True)

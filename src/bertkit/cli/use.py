@@ -21,13 +21,17 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: str,
-             texts: bool = True) -> argparse.ArgumentParser:
+             texts: bool = True, adapter: bool = True) -> argparse.ArgumentParser:
     """A use's parser with what every use shares: the model, texts or --input/--out, the engine."""
     p = sub.add_parser(name, help=help, description=help + ". Texts on the command line print "
                        "results; --input FILE (txt: a text a line; jsonl; csv/tsv with a header) "
                        "--out FILE streams a file of any size (bad rows named and skipped; "
                        "--resume continues a killed run; under torchrun the ranks split the input).")
-    p.add_argument("model", help=model_help)
+    p.add_argument("model", help=model_help + (" — or the base model of --adapter" if adapter else ""))
+    if adapter:
+        p.add_argument("--adapter", metavar="DIR", default=None,
+                       help="a LoRA adapter dir (PEFT's files: `finetune --lora ... --lora-save adapters`, "
+                       "or peft's) run over MODEL, its base, with the adapter's own head and labels")
     if texts:
         p.add_argument("texts", nargs="*", help="texts (or give --input)")
     p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
@@ -47,10 +51,18 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
 def _engine(args: argparse.Namespace, use: str):
     from bertkit.inference import Engine
 
-    return Engine.load(args.model, use=use, precision=args.precision,
-                       max_batch_tokens=args.max_batch_tokens, device=args.device,
-                       truncate=args.truncate,
-                       **({"max_length": args.max_length} if args.max_length else {}))
+    options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
+                   truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}))
+    if getattr(args, "adapter", None) is None:
+        return Engine.load(args.model, use=use, **options)
+    from bertkit.adapters import load_engine
+
+    engine = load_engine(args.model, args.adapter, **options)
+    fits = engine.use == use or use == "embed" or {engine.use, use} == {"classify", "rerank"}
+    if not fits:
+        raise ValueError(f"--adapter {args.adapter} is a {engine.use} adapter; run it with "
+                         f"`bertkit {engine.use} {args.model} --adapter {args.adapter}`")
+    return engine
 
 
 def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
@@ -180,7 +192,7 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
 
 def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
     p = _add_use(sub, "fill-mask", "top-k candidates with probabilities for each [MASK]",
-                 "model dir with an MLM head (ours or Hugging Face's) and tokenizer files")
+                 "model dir with an MLM head (ours or Hugging Face's) and tokenizer files", adapter=False)
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--targets", nargs="+", default=None, help="score only these words")
     p.set_defaults(func=_run_fill_mask)

@@ -77,6 +77,8 @@ class Batch:
     input_ids: torch.Tensor  # (N,) long, all sequences end to end
     token_type_ids: torch.Tensor  # (N,) long
     packed: Packed
+    # (B,) the adapter slot of each sequence (None: the base alone), when the engine has adapters
+    adapters: list[int | None] | None = None
 
     def split(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """A per-token output (N, ...) cut into one (T_i, ...) tensor per sequence."""
@@ -180,6 +182,10 @@ class Engine:
     use: str | None = None  # the use it was loaded for (`tasks.USES`)
     pooling: "Pooling | None" = None
     stats: Stats = field(default_factory=Stats)
+    # Adapters over this engine's encoder (`bertkit.adapters`): the routing its layers read, and
+    # the slot this engine's sequences take unless `run` is given one per sequence (None: the base).
+    routing: Any = None
+    adapter_slot: int | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None:
@@ -245,12 +251,15 @@ class Engine:
 
     # -- the forward ---------------------------------------------------------------------------
     def run(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None,
-            head: Callable[[nn.Module, Batch], Any]) -> Iterator[tuple[list[int], Any]]:
+            head: Callable[[nn.Module, Batch], Any], adapters: Sequence[int | None] | None = None
+            ) -> Iterator[tuple[list[int], Any]]:
         """Run `head(model, batch)` over token-budget batches of the sequences `ids`.
 
         ids / type_ids: one list of token ids (and segment ids; None = all 0) per sequence,
         special tokens included. Yields (batch.index, whatever `head` returned) per batch, in
         batch order; `index` maps the batch's sequences back to positions in `ids`.
+        adapters: with adapters loaded (`bertkit.adapters`), each sequence's adapter slot (None:
+        the base alone); one batch may mix them. Default: this engine's `adapter_slot` for all.
         """
         lengths = [len(seq) for seq in ids]
         if not lengths:
@@ -267,8 +276,14 @@ class Engine:
                                           dtype=torch.long)  # (N,)
             packed = Packed.from_lengths([lengths[i] for i in index], self.device)
             batch = Batch(index, flat_ids.to(self.device), flat_types.to(self.device), packed)
-            with torch.inference_mode():
-                result = head(self.model, batch)
+            if self.routing is None:
+                with torch.inference_mode():
+                    result = head(self.model, batch)
+            else:
+                batch.adapters = ([self.adapter_slot] * len(index) if adapters is None
+                                  else [adapters[i] for i in index])
+                with torch.inference_mode(), self.routing.route(packed.lengths, batch.adapters, self.device):
+                    result = head(self.model, batch)
             self.stats.batches += 1
             self.stats.sequences += len(index)
             self.stats.tokens += int(flat_ids.numel())
@@ -284,6 +299,18 @@ class Engine:
         """The tokenizer as plain word pieces (no special tokens, no truncation), for the uses
         that build their own windows (ner, qa, classify over windows); made once per engine."""
         return WordPieces.of(self.tokenizer)
+
+    def view(self, model: nn.Module, use: str, *, adapter_slot: int | None, max_length: int | None = None,
+             pooling: "Pooling | None" = None) -> "Engine":
+        """This engine (its tokenizer, precision, device, routing, word pieces) over another
+        model that shares its encoder, prepared already: an adapter's task model
+        (`bertkit.adapters`). Nothing is copied or prepared again."""
+        other = copy.copy(self)
+        other.model, other.config, other.use, other.adapter_slot = model, model.config, use, adapter_slot
+        other.max_length = min(max_length or self.config.max_sequence_length, self.config.max_sequence_length)
+        other.pooling = pooling if pooling is not None else self.pooling
+        other.stats = Stats()
+        return other
 
     def describe(self) -> dict[str, Any]:
         """What a caller (CLI summary, `/info`) reports about this engine."""

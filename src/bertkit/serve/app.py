@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__, web
-from bertkit.serve import openai, routes, schemas
+from bertkit.serve import adapters, openai, routes, schemas
 from bertkit.serve.errors import ErrorType, ServeError
 from bertkit.serve.responses import JSONResponse
 from bertkit.serve.scheduler import Scheduler
@@ -111,6 +111,15 @@ ROUTES: list[RouteSpec] = [
                                      response=schemas.Info, errors=GET_ERRORS, timed=False)),
     RouteSpec(routes.route_metrics, _op("/metrics", "get", "metrics", "Prometheus metrics", errors=GET_ERRORS,
                                         timed=False, media_type="text/plain")),
+    # LoRA adapters at run time (serve/adapters.py): on with --adapter-root and --api-key, else 403
+    RouteSpec(adapters.route_load, _op("/adapters", "post", "load_adapter", "Load a LoRA adapter directory "
+                                       "under --adapter-root as a model name", adapters.AdapterRequest,
+                                       adapters.AdapterInfo, errors=(401, 403, 404, 413, 422, 500), timed=False)),
+    RouteSpec(adapters.route_drop, _op("/adapters/{name}", "delete", "drop_adapter", "Drop a loaded adapter "
+                                       "(requests queued for it finish first)", response=adapters.AdapterDropped,
+                                       errors=(401, 403, 404), timed=False,
+                                       parameters=({"name": "name", "in": "path", "required": True,
+                                                    "schema": {"type": "string"}},))),
 ]
 
 
@@ -124,7 +133,8 @@ def openapi(service: Service | None = None) -> dict[str, Any]:
                    "{error, error_type}.")
     out = document("bertkit serve", __version__, description, [r.operation for r in ROUTES] + own,
                    schemas.ErrorResponse, HEADERS, security=service is not None and service.api_key is not None)
-    if service is not None:  # the names `model` takes here, so clients and gateways can check them
+    # the names `model` takes here, so clients and gateways can check them (not while adapters come and go)
+    if service is not None and (service.adapters is None or service.adapters.root is None):
         names = service.names()
         for schema in out["components"]["schemas"].values():
             field = schema.get("properties", {}).get("model")

@@ -20,6 +20,7 @@ class ErrorType(str, Enum):
     UNSUPPORTED = "unsupported"  # the model has no head for this route (TEI answers 424 too)
     BACKEND = "backend"  # the model itself failed: a bug or the machine, not the request
     UNHEALTHY = "unhealthy"  # shutting down: no new work is taken
+    FORBIDDEN = "forbidden"  # an admin route that is off, or a path outside the directory it may read
 
 
 STATUS: dict[ErrorType, int] = {
@@ -31,6 +32,7 @@ STATUS: dict[ErrorType, int] = {
     ErrorType.UNSUPPORTED: 424,
     ErrorType.BACKEND: 500,
     ErrorType.UNHEALTHY: 503,
+    ErrorType.FORBIDDEN: 403,
 }
 
 

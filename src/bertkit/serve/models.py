@@ -42,6 +42,9 @@ class ServedModel:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     truncate_dim: int | None = None
+    # a LoRA adapter (serve/adapters.py): the served model it adapts, and what it is
+    base: str | None = None
+    adapter: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.loop_tokenizer is None:
@@ -67,7 +70,8 @@ class ServedModel:
                 "precision": self.engine.precision, "device": str(self.engine.device),
                 "model_type": model_type, "uses": list(self.uses), "max_input_length": self.max_length,
                 "hidden_size": config.hidden_size, "prompts": dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name, "truncate_dim": self.truncate_dim}
+                "default_prompt_name": self.default_prompt_name, "truncate_dim": self.truncate_dim,
+                **({"base": self.base, "adapter": self.adapter} if self.base is not None else {})}
 
 
 def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -> ServedModel:

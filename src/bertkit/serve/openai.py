@@ -48,8 +48,8 @@ async def route_embeddings(service: Service, request: Request) -> Response:
 
 
 def cards(service: Service) -> list[dict]:
-    out = [{"id": name, "object": "model", "created": STARTED, "owned_by": OWNER, "root": name}
-           for name in service.models]
+    out = [{"id": name, "object": "model", "created": STARTED, "owned_by": OWNER, "root": model.base or name}
+           for name, model in service.models.items()]
     out += [{"id": alias, "object": "model", "created": STARTED, "owned_by": OWNER, "root": target}
             for alias, target in service.aliases.items()]
     return out

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from bertkit.malloc import glibc
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.metrics import Metrics
+from bertkit.serve.mixed import run_mixed
 from bertkit.serve.models import ServedModel
 from bertkit.serve.runners import RUNNERS
 
@@ -75,7 +76,8 @@ class Job:
 
     @property
     def group(self) -> tuple:
-        return (self.model.name, self.use, self.key)
+        # adapters of one base (and the base) run together: serve/adapters.py's run_mixed
+        return (self.model.base or self.model.name, self.use, self.key)
 
 
 class Scheduler:
@@ -90,6 +92,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="bertkit-model", daemon=True)
         self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="bertkit-tokenize")
         self.runs = 0  # runner calls made (each one or more engine batches)
+        self._running: list[Job] = []  # the jobs the model thread runs now
         self._trim, self._trimmed = _trimmer(), time.monotonic()
         self._thread.start()
 
@@ -115,6 +118,11 @@ class Scheduler:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
+
+    def pending(self, model: ServedModel) -> bool:
+        """Whether a job for `model` is queued or running (DELETE /adapters waits for none)."""
+        with self._cond:
+            return any(job.model is model for job in (*self._queue, *self._running))
 
     async def stop(self, timeout: float = 60.0) -> None:
         """Finish every queued job, then end the model thread (called at shutdown)."""
@@ -148,12 +156,14 @@ class Scheduler:
                     self._cond.wait()
                 if not self._queue:
                     return  # stopping, and nothing left to do
-                jobs = self._take()
+                jobs = self._running = self._take()
             groups: dict[tuple, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.group, []).append(job)
             for group in groups.values():
                 self._run(group)
+            with self._cond:
+                self._running = []
             if self._trim is not None and time.monotonic() - self._trimmed > TRIM_EVERY:
                 start = time.monotonic()
                 self._trim(0)
@@ -170,7 +180,10 @@ class Scheduler:
             self.metrics.queue_seconds.labels(first.model.name).observe(start - job.enqueued)
         items = [item for job in jobs for item in job.items]
         try:
-            results = RUNNERS[first.use](first.model, first.key, items)
+            if any(job.model is not first.model for job in jobs):  # adapters of one base, mixed
+                results = run_mixed(first.use, [j.model for j in jobs for _ in j.items], first.key, items)
+            else:
+                results = RUNNERS[first.use](first.model, first.key, items)
         except ValueError as err:  # the library refused an input (a text without [MASK], ...)
             if len(jobs) > 1:  # only the request at fault should fail: run them one by one
                 for job in jobs:

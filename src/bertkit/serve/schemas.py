@@ -391,6 +391,8 @@ class ModelInfo(BaseModel):
     max_input_length: int
     uses: list[str]
     aliases: list[str] = []
+    base: str | None = None  # a LoRA adapter's base model
+    adapter: dict[str, Any] | None = None  # a LoRA adapter's directory, use, rank, labels
 
 
 class Info(ModelInfo):

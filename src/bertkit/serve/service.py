@@ -45,6 +45,7 @@ class Service:
     aliases: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     allow_truncated_dimensions: bool = False
+    adapters: Any = None  # serve.adapters.ServedAdapters: the bases' adapter hosts, --adapter-root
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -71,8 +72,10 @@ class Service:
     def model(self, name: str | None, use: str) -> ServedModel:
         found = self.models.get(self.default if name is None else self.aliases.get(name, name))
         if found is None:
+            adapters = [n for n, m in self.models.items() if m.base is not None]
             raise ServeError(ErrorType.NOT_FOUND, f"model {name!r} is not served here; `model` "
-                             f"must be one of {', '.join(map(repr, self.names()))}")
+                             f"must be one of {', '.join(map(repr, self.names()))}"
+                             + (f" (adapters loaded: {', '.join(map(repr, adapters))})" if adapters else ""))
         if use not in found.uses:
             raise ServeError(ErrorType.UNSUPPORTED, f"model {found.name!r} does not serve {use} "
                              f"(its head gives {', '.join(found.uses)}); send it to a model that "

@@ -48,8 +48,17 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from bertkit.checkpoint import architecture_name, load_into, read_state_dict, to_hf_state_dict
+from bertkit.adapters.files import base_record, fingerprint, write_side_file
+from bertkit.checkpoint import (
+    architecture_name,
+    from_hf_state_dict,
+    load_into,
+    name_map,
+    read_state_dict,
+    to_hf_state_dict,
+)
 from bertkit.fileio import atomic_path, atomic_write_json
+from bertkit.model import encoder_of
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -76,7 +85,7 @@ def modules_of(target: str, model_type: str) -> tuple[tuple[str, int | None], ..
                          f"{', '.join(own)}")
     return own[target]
 PEFT_TASK_TYPES = {"BertForSequenceClassification": "SEQ_CLS", "BertForTokenClassification": "TOKEN_CLS",
-                   "BertForQuestionAnswering": "QUESTION_ANS"}
+                   "BertForQuestionAnswering": "QUESTION_ANS", "BertModel": "FEATURE_EXTRACTION"}
 PEFT_PREFIX = "base_model.model."
 
 
@@ -220,6 +229,8 @@ class LoraReport:
 def head_modules(model: nn.Module) -> list[str]:
     """Names of the task head's modules (every child with parameters but the encoder), plus the
     pooler when the checkpoint had none (it was initialised afresh, so it is part of the head)."""
+    if not hasattr(model, "bert"):  # a bare encoder (embeddings): no head
+        return []
     names = [name for name, child in model.named_children()
              if name != "bert" and any(True for _ in child.parameters())]
     report = getattr(model, "load_report", None)
@@ -233,8 +244,8 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraReport:
     """Freeze `model` and add adapters (in place); the head stays trainable. Returns the counts."""
     if getattr(model, "lora_spec", None) is not None:
         raise ValueError("the model already has LoRA adapters; apply them once")
-    if not hasattr(model, "bert"):
-        raise ValueError(f"LoRA needs a task model with an encoder under .bert, got {type(model).__name__}")
+    if not hasattr(model, "bert") and not hasattr(model, "layers"):
+        raise ValueError(f"LoRA needs an encoder or a task model with one under .bert, got {type(model).__name__}")
     config = model.config
     if config.model_type == "albert":
         raise ValueError("LoRA is not supported for ALBERT (its layers are shared across the depth); "
@@ -245,7 +256,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraReport:
         modules_of(target, config.model_type)
     for param in model.parameters():
         param.requires_grad_(False)
-    for layer in model.bert.layers:
+    for layer in encoder_of(model).layers:
         wanted: dict[str, dict[str, tuple[int, int]]] = {}
         for target in spec.targets:
             for module, third in modules_of(target, config.model_type):
@@ -266,7 +277,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraReport:
 
 
 def _lora_modules(model: nn.Module):
-    for k, layer in enumerate(model.bert.layers):
+    for k, layer in enumerate(encoder_of(model).layers):
         for module_name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
             module = getattr(layer, module_name)
             if isinstance(module, LoRALinear):
@@ -278,8 +289,9 @@ def plain_state_dict(model: nn.Module, *, merge: bool) -> dict[str, torch.Tensor
     weight holds W + B·A·scale (so the plain model computes what the adapted one does)."""
     state = {k: v.detach() for k, v in model.state_dict().items() if ".lora_" not in k}
     if merge:
+        stem = "bert." if hasattr(model, "bert") else ""
         for k, name, module in _lora_modules(model):
-            state[f"bert.layers.{k}.{name}.weight"] = module.merged_weight()
+            state[f"{stem}layers.{k}.{name}.weight"] = module.merged_weight()
     return state
 
 
@@ -294,13 +306,17 @@ def _write_plain(model: nn.Module, state: dict[str, torch.Tensor], out_dir: Path
 
 def _hf_module_name(model: nn.Module, k: int, module_name: str, target: str) -> str:
     """transformers' module path of layer k's projection for `target`, e.g.
-    bert.encoder.layer.0.attention.self.query (from the family's checkpoint name table)."""
+    bert.encoder.layer.0.attention.self.query (from the family's checkpoint name table); a bare
+    encoder's (an embedding model's) without the family prefix, as PEFT names them on BertModel."""
     config = model.config
     if module_name == "qkv" and TARGETS[target][1] is not None:
         hf_qkv = to_hf_state_dict({f"bert.layers.{k}.qkv.weight": torch.zeros(3, 1)}, config)
-        return list(hf_qkv)[TARGETS[target][1]][: -len(".weight")]
-    name = next(iter(to_hf_state_dict({f"bert.layers.{k}.{module_name}.weight": torch.zeros(1)}, config)))
-    return name[: -len(".weight")]
+        name = list(hf_qkv)[TARGETS[target][1]][: -len(".weight")]
+    else:
+        name = next(iter(to_hf_state_dict({f"bert.layers.{k}.{module_name}.weight": torch.zeros(1)}, config)))
+        name = name[: -len(".weight")]
+    prefix = name_map(config).prefix
+    return name if hasattr(model, "bert") or not name.startswith(prefix) else name[len(prefix):]
 
 
 def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -333,14 +349,24 @@ def peft_target_modules(model: nn.Module) -> list[str] | str:
     return rf"^{stem}\.\d+\.(?:{inner})$"
 
 
-def save_adapters(model: nn.Module, out_dir: str | Path, base_model: str) -> Path:
-    """adapter_config.json + adapter_model.safetensors (PEFT's format), atomically per file."""
+def save_adapters(model: nn.Module, out_dir: str | Path, base_model: str, *, use: str | None = None,
+                  max_length: int | None = None, pooling: str | None = None) -> Path:
+    """adapter_config.json + adapter_model.safetensors (PEFT's format) and bertkit_adapter.json
+    (the base's fingerprint, the use, the labels: `bertkit.adapters.files`), atomically per file;
+    adapter_config.json last, so a directory that has it is whole.
+    use: the engine use that runs it (default: the model's head: classify, ner, qa or embed)."""
     spec: LoraSpec = model.lora_spec
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     task_type = PEFT_TASK_TYPES.get(type(model).__name__)
     with atomic_path(out / ADAPTER_WEIGHTS) as tmp:
         save_file(adapter_tensors(model), str(tmp), metadata={"format": "pt"})
+    use = use or {"SEQ_CLS": "classify", "TOKEN_CLS": "ner", "QUESTION_ANS": "qa"}.get(task_type, "embed")
+    config = model.config
+    labels = ([config.id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
+              if use in ("classify", "rerank", "ner") and config.id2label else None)
+    write_side_file(out, use=use, labels=labels, problem_type=config.problem_type, max_length=max_length,
+                    pooling=pooling, base=base_record(config, fingerprint(encoder_of(model)), str(base_model)))
     atomic_write_json(out / ADAPTER_CONFIG, {
         "peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": str(base_model),
         "r": spec.r, "lora_alpha": spec.alpha, "lora_dropout": spec.dropout,
@@ -370,17 +396,23 @@ def load_adapters(model: nn.Module, adapter_dir: str | Path) -> None:
                 module.lora_A[key].copy_(saved[f"{stem}.lora_A.weight"])
                 module.lora_B[key].copy_(saved[f"{stem}.lora_B.weight"])
     head = {k[len(PEFT_PREFIX):]: v for k, v in saved.items() if ".lora_" not in k}
-    load_into(model, head, str(path))
+    # The head alone (load_into would report every encoder tensor as missing from this file)
+    converted = from_hf_state_dict(head, has_base_prefix=hasattr(model, "bert"), config=model.config)
+    result = model.load_state_dict(converted, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"{path} holds tensors the model does not have ({result.unexpected_keys[0]}, ...); "
+                         "was it saved for another task or model?")
 
 
-def save_lora(model: nn.Module, out_dir: str | Path, mode: str, base_model: str) -> None:
-    """The fine-tuned model as `mode`: merged (plain checkpoint) or adapters (PEFT files)."""
+def save_lora(model: nn.Module, out_dir: str | Path, mode: str, base_model: str, **side: Any) -> None:
+    """The fine-tuned model as `mode`: merged (plain checkpoint) or adapters (PEFT files; `side`:
+    save_adapters' use, max_length, pooling)."""
     if mode not in SAVE_MODES:
         raise ValueError(f"--lora-save must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
     if mode == "merged":
         _write_plain(model, plain_state_dict(model, merge=True), Path(out_dir))
     else:
-        save_adapters(model, out_dir, base_model)
+        save_adapters(model, out_dir, base_model, **side)
 
 
 def save_weights(model: nn.Module, out_dir: Path) -> None:
