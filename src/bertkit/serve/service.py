@@ -45,6 +45,8 @@ class Service:
     aliases: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     allow_truncated_dimensions: bool = False
+    # --index NAME=DIR: {name: serve.search.ServedIndex}, searched by POST /search (first = default)
+    indexes: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.models:
