@@ -111,6 +111,13 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", default=None, help="your own text before every text")
     p.add_argument("--truncate-dim", type=int, default=None,
                    help="keep the first N dimensions (Matryoshka models), unit length again when normalized")
+    g = p.add_argument_group("passages (with --input)")
+    g.add_argument("--passage-tokens", type=int, default=0,
+                   help="cut each document into passages of at most N pieces (sentence-aware; N up to the "
+                   "model's length − 2) and write one row per passage, its document's line, id, number, "
+                   "passage number and character offsets beside it (OUT.passages.jsonl); 0: one row "
+                   "per text, cut at the model's length (default)")
+    g.add_argument("--passage-overlap", type=int, default=0, help="pieces shared by neighbouring passages (0)")
     p.set_defaults(func=_run_embed)
 
 
@@ -121,6 +128,8 @@ def _run_embed(args: argparse.Namespace) -> None:
     settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
                    prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+    if args.passage_tokens or args.passage_overlap:
+        return _embed_passages(args, options)
     engine = _use_engine(args, "embed", **options)
     if engine is None:
         return
@@ -135,6 +144,26 @@ def _run_embed(args: argparse.Namespace) -> None:
     sims = unit_vectors @ unit_vectors.T
     for i, text in enumerate(args.texts):
         print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+
+
+def _embed_passages(args: argparse.Namespace, options: dict) -> None:
+    """embed --input FILE --out OUT --passage-tokens N: one row per passage (retrieval.passage_files)."""
+    if not args.input:
+        raise ValueError("--passage-tokens / --passage-overlap go with --input FILE --out FILE (one row per "
+                         "passage); texts on the command line are embedded whole")
+    if not args.passage_tokens:
+        raise ValueError("--passage-overlap needs --passage-tokens N")
+    _inputs(args)
+    from bertkit.retrieval.passage_files import embed_passages_file
+
+    engine = _engine(args, "embed")
+    summary = embed_passages_file(engine, args.input, args.out, passage_tokens=args.passage_tokens,
+                                  passage_overlap=args.passage_overlap, text_field=args.text_field,
+                                  fmt=args.input_format, resume=args.resume, overwrite=args.overwrite,
+                                  progress=args.progress, **options)
+    print(f"{summary['documents']:,} documents → {summary['rows']:,} passages of ≤ {args.passage_tokens} pieces "
+          f"(their documents and offsets: {summary['passages_file']})")
+    print_file_job(summary, engine)
 
 
 def _add_fill_mask(sub: argparse._SubParsersAction) -> None:
