@@ -30,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bertkit.retrieval import Searcher, model_fingerprint, open_index
+from bertkit.retrieval.bm25 import BM25
+from bertkit.retrieval.index import BM25_DIR
 from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.models import ServedModel, load_model
@@ -116,6 +118,8 @@ def load_indexes(specs: list[tuple[str, str]], models: dict[str, ServedModel],
             model = load_model(f"index/{name}", meta["model"], **options)
             index.check_model(model.engine.model_dir, model.engine.tokenizer)
         searcher = Searcher(index, model.engine)
+        if meta.get("bm25") and (index.path / BM25_DIR).is_dir():  # now, not on the first hybrid request
+            searcher.bm25 = BM25.load(index.path / BM25_DIR)
         out[name] = ServedIndex(name, searcher, model, own, meta["pooling"], bool(meta["normalize"]))
     return out
 
