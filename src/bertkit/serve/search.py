@@ -181,20 +181,25 @@ async def query_vectors(service: Service, request: Request, index: ServedIndex, 
     return (F.normalize(vectors, dim=-1) if index.normalize else vectors).numpy()
 
 
-async def rerank_scores(service: Service, request: Request, reranker: ServedModel, query: str,
-                        passages: list[str]) -> np.ndarray:
-    """(C,) the cross-encoder's raw scores of (query, passage) pairs, cut at the length it was
-    trained at (its tokenizer's model_max_length, as `retrieval.load_reranker`), in slices."""
+async def rerank_scores(service: Service, request: Request, reranker: ServedModel, queries: list[str],
+                        passages: list[list[str]]) -> list[np.ndarray]:
+    """Per query, (C,) the cross-encoder's raw scores of its (query, passage) pairs, cut at the
+    length it was trained at (its tokenizer's model_max_length, as `retrieval.load_reranker`);
+    every query's pairs in the same runs, admitted in slices as /v1/embeddings' inputs."""
     timing = timing_of(request)
     length = max(3, min(reranker.tokenizer.model_max_length, reranker.max_length))
+    firsts = [q for q, ps in zip(queries, passages) for _ in ps]
+    seconds = [p for ps in passages for p in ps]
 
     async def work(start: int, stop: int) -> list[Any]:
-        items, tokens = await tokenized_at(service, request, reranker, [query] * (stop - start),
-                                           passages[start:stop], length, True, "query", "")
+        items, tokens = await tokenized_at(service, request, reranker, firsts[start:stop], seconds[start:stop],
+                                           length, True, "query", "")
         return await service.scheduler.submit(reranker, "logits", (), items, tokens, timing)
 
-    rows = await run_sliced(service, request, len(passages), work)
-    return np.array([float(r[0]) for r in rows], dtype=np.float32)
+    rows = await run_sliced(service, request, len(seconds), work) if seconds else []
+    scores = np.array([float(r[0]) for r in rows], dtype=np.float32)
+    bounds = np.cumsum([0] + [len(ps) for ps in passages])
+    return [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def hit_json(hit: Any, return_text: bool) -> dict[str, Any]:
@@ -227,11 +232,9 @@ async def route_search(service: Service, request: Request) -> Response:
                                     rerank=reranker is not None)
     retrieved = time.perf_counter()
     if reranker is not None:
-        ranked = []
-        for query, hits in zip(queries, found):
-            logits = await rerank_scores(service, request, reranker, query, [h.passage for h in hits])
-            ranked.append(Searcher.reranked(hits, logits, top_k=req.top_k, rerank_weight=req.rerank_weight))
-        found = ranked
+        logits = await rerank_scores(service, request, reranker, queries, [[h.passage for h in hits] for hits in found])
+        found = [Searcher.reranked(hits, scores, top_k=req.top_k, rerank_weight=req.rerank_weight)
+                 for hits, scores in zip(found, logits)]
     done = time.perf_counter()
     documents = [[hit_json(h, req.return_text) for h in hits] for hits in found]
     return JSONResponse({"index": index.name, "model": index.model.name,
