@@ -45,6 +45,7 @@ def setup(minilm_dir, tmp_path_factory):
     engine = Engine.load(minilm_dir, use="embed", max_length=32)  # 30-piece passages: several per document
     build_index(corpus, engine, root / "news", progress=False)
     build_index(corpus, engine, root / "plain", progress=False, bm25=False, passage_tokens=0)
+    build_index(corpus, engine, root / "cls", progress=False, bm25=False, pooling="cls", normalize=False)
     tiny_dir = tiny_encoder(root / "tiny-model")
     tiny_corpus = write_corpus(root / "tiny.jsonl", ["the cat sees a red ball", "a dog runs in the park",
                                                      "the team wins the big game"])
@@ -53,7 +54,7 @@ def setup(minilm_dir, tmp_path_factory):
                       id2label={0: "LABEL_0"})
     models = {"minilm": load_model("minilm", minilm_dir), "cross": load_model("cross", cross)}
     indexes = load_indexes(parse_index_args([f"news={root / 'news'}", f"plain={root / 'plain'}",
-                                             f"tiny={root / 'tiny'}"]), models)
+                                             f"tiny={root / 'tiny'}", f"cls={root / 'cls'}"]), models)
     service = Service(models, Limits(), indexes=indexes)
     with running_app(build_app(service), WAIT) as url, httpx.Client(base_url=url, timeout=WAIT) as client:
         yield {"root": root, "client": client, "models": models, "service": service, "cross": cross,
@@ -111,6 +112,15 @@ def test_rerank_by_a_served_cross_encoder_and_hybrid_equal_the_library(setup):
             assert all(d["bm25_score"] is not None for d in docs)
 
 
+def test_an_index_pooled_otherwise_than_the_model_is_queried_the_same_way(setup):
+    """An index built with --pooling cls and raw vectors: its queries are pooled and left as the index's."""
+    assert setup["service"].indexes["cls"].run_key == ("cls",)
+    got = setup["client"].post("/search", json={"query": QUERIES, "index": "cls", "top_k": 3})
+    assert got.status_code == 200, got.text
+    for docs, want in zip(got.json()["documents"], library(setup, "cls", QUERIES, top_k=3)):
+        same(docs, want, tol=1e-4)  # raw (not unit) vectors: inner products of a larger scale
+
+
 def test_an_index_of_an_unserved_model_gets_its_own(setup):
     tiny = setup["service"].indexes["tiny"]
     assert tiny.own_model and tiny.model.name == "index/tiny"
@@ -120,7 +130,7 @@ def test_an_index_of_an_unserved_model_gets_its_own(setup):
     same(got.json()["documents"], library(setup, "tiny", ["a red ball"], top_k=2)[0])
     info = setup["client"].get("/info").json()
     assert [(i["name"], i["own_model"], i["model"]) for i in info["indexes"]] == \
-        [("news", False, "minilm"), ("plain", False, "minilm"), ("tiny", True, "index/tiny")]
+        [("news", False, "minilm"), ("plain", False, "minilm"), ("tiny", True, "index/tiny"), ("cls", False, "minilm")]
     assert info["indexes"][0]["passages"] > len(DOCS) and info["indexes"][1]["passages"] == len(DOCS)
 
 
