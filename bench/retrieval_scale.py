@@ -160,7 +160,9 @@ def timed_queries(backend, queries: np.ndarray, clients: int, **params) -> tuple
 
 
 def disk_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    """Bytes of the files under root; the link to the vectors is not a copy of them (the caller
+    adds the vectors once)."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def one_backend(args) -> dict:
@@ -183,7 +185,7 @@ def one_backend(args) -> dict:
     out = {"backend": args.one, "n": len(vectors), "build_s": round(build_s, 1),
            "held_bytes": backend.memory_bytes(), "rss_growth_bytes": grown,
            "disk_bytes": disk_bytes(work) + path.stat().st_size, "params": params, "runs": []}
-    sweep = {"faiss-hnsw": [{"ef": e} for e in EF], "faiss-ivfpq": [{"nprobe": p} for p in NPROBE]}
+    sweep = {"faiss-hnsw": [{"ef": e} for e in args.ef], "faiss-ivfpq": [{"nprobe": p} for p in args.nprobe]}
     for setting in sweep.get(args.one, [{}]):
         n_q = len(queries) if args.one != "exact" else min(len(queries), args.exact_queries)
         qps1, rows = timed_queries(backend, queries[:n_q], 1, **setting)
@@ -206,12 +208,13 @@ def scale(args, real: np.ndarray, queries: np.ndarray) -> list[dict]:
         t_file = path.with_name(path.stem + "_truth.npy")
         truth(args.cache, path, queries[:args.n_queries])
         print(f"\n{n:,} synthetic vectors (noise sigma {sigma:.5f} per dimension), load {loadavg()}")
-        for name in BACKENDS:
+        for name in args.backends:
             if name == "qdrant" and n > args.qdrant_max:
                 continue
             cmd = [sys.executable, __file__, "--one", name, "--vectors", str(path), "--queries", str(q_file),
                    "--truth", str(t_file), "--cache", str(args.cache), "--n-queries", str(args.n_queries),
-                   "--exact-queries", str(args.exact_queries), "--faiss", args.faiss]
+                   "--exact-queries", str(args.exact_queries), "--faiss", args.faiss,
+                   "--ef", *map(str, args.ef), "--nprobe", *map(str, args.nprobe)]
             # PASSIVE: OpenMP threads sleep instead of spinning when they wait; on a shared, loaded
             # machine spinning FAISS threads slowed an IVF-PQ build 10x.
             done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -292,6 +295,9 @@ def main() -> int:
     p.add_argument("--real-blocks", type=int, default=None,
                    help="embed at most this many new blocks of 4,096 real passages (default: all)")
     p.add_argument("--faiss", default="{}", help="JSON of FAISS build settings over the defaults, e.g. '{\"M\": 16}'")
+    p.add_argument("--ef", nargs="+", type=int, default=list(EF), help="faiss-hnsw search beams measured")
+    p.add_argument("--nprobe", nargs="+", type=int, default=list(NPROBE), help="faiss-ivfpq lists searched, measured")
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="backends measured")
     p.add_argument("--variants", nargs="+", default=None, help="quality variants to run (default: all)")
     p.add_argument("--sets", nargs="+", default=None, help="quality sets to run (default: both)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)

@@ -73,10 +73,12 @@ def test_every_backend_searches_documents_from_the_cli(tmp_path, models, corpus,
     out = tmp_path / backend
     args = ["index", str(path), "--model", str(models["bi"]), "--out", str(out), "--no-progress",
             "--passage-tokens", "12", "--backend", backend]
-    assert cli.main(args + (["--nlist", "8"] if backend == "faiss-ivfpq" else [])) == 0
+    assert cli.main(args + (["--nlist", "8", "--refine", "6"] if backend == "faiss-ivfpq" else [])) == 0
     capsys.readouterr()
     meta = json.loads((out / "index.json").read_text())
     assert meta["backend"]["name"] == backend and "build_seconds" in meta["backend"]
+    if backend == "faiss-ivfpq":
+        assert meta["backend"]["refine"] == 6
     assert cli.main(["search", str(out), docs[17][:50], "--json", "--top-k", "5"]) == 0
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert hits[0]["id"] == "d17" and len({h["id"] for h in hits}) == 5

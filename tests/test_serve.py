@@ -287,6 +287,10 @@ BAD = [
     ("/qa", {"question": ["a", "b"], "context": ["c", "d", "e"], "model": "qa"}, 422, "`context` has 3"),
     ("/embed", b'{"inputs": "' + b"x" * 100_001 + b'"}', 413, "payload limit of 100,000 bytes"),
     ("/adapters", {"name": "topics", "path": "topics"}, 403, "adapters at run time is off"),
+    ("/search", {"query": "x"}, 404, "no index is served here; start the server with --index NAME=INDEX_DIR"),
+    ("/search", {"query": "x", "top_k": 0}, 422, "`top_k` must be an integer greater than or equal to 1"),
+    ("/search", {"query": "x", "candidates": -1}, 422, "`candidates` must be an integer greater than or equal"),
+    ("/search", {"query": []}, 422, "`query` is an empty list"),
 ]
 
 

@@ -50,10 +50,25 @@ def fuzz_models(minilm_dir: Path, root: Path) -> dict:
     return {name: load_model(name, path) for name, path in dirs.items()}
 
 
+def fuzz_index(minilm_dir: Path, root: Path, models: dict) -> dict:
+    """A small MiniLM index (BM25 beside it), so /search runs its retrieval, not only validation."""
+    from bertkit.inference import Engine
+    from bertkit.retrieval import build_index
+    from bertkit.serve.search import load_indexes
+
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"id": "d{i}", "text": "{t}"}}\n' for i, t in enumerate(
+        ["Stocks fell.", "The team won the cup final.", "Rates rose again.", "A film about jazz opened."])))
+    build_index(corpus, Engine.load(minilm_dir, use="embed", max_length=64), root / "index", progress=False)
+    return load_indexes([("news", str(root / "index"))], models)
+
+
 @pytest.fixture(scope="module")
 def server(minilm_dir, tmp_path_factory):
-    service = Service(fuzz_models(minilm_dir, tmp_path_factory.mktemp("fuzz")), Limits(payload_limit=200_000),
-                      aliases={"text-embedding-3-small": "minilm"})
+    root = tmp_path_factory.mktemp("fuzz")
+    models = fuzz_models(minilm_dir, root)
+    service = Service(models, Limits(payload_limit=200_000), aliases={"text-embedding-3-small": "minilm"},
+                      indexes=fuzz_index(minilm_dir, root, models))
     with running_app(build_app(service), WAIT) as url:
         yield url
 
@@ -77,6 +92,14 @@ def steer(case, path: str, mode: str) -> None:
     if path == "/v1/models/{model}" and mode == "positive" and len(case.path_parameters["model"]) % 2:
         case.path_parameters["model"] = "text-embedding-3-small"  # half the names exist
     body = case.body
+    if path == "/search" and mode == "positive" and isinstance(body, dict):
+        body.pop("index", None)  # the served index, and the served cross-encoder when one is named
+        if body.get("rerank") is not None:
+            body["rerank"] = "cross"
+            body["candidates"] = max(body.get("candidates", 100), body.get("top_k", 10))
+        elif "rerank_weight" in body:
+            body["rerank_weight"] = 1.0
+        return
     if mode != "positive" or not isinstance(body, dict) or path not in HEAD_OF or body.get("model") is not None:
         return
     body["model"] = HEAD_OF[path]

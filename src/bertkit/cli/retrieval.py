@@ -50,6 +50,8 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--ef-construction", type=int, default=None, help="HNSW build beam (128)")
     g.add_argument("--nlist", type=int, default=None, help="IVF lists (4·√N)")
     g.add_argument("--pq-m", type=int, default=None, help="PQ bytes per vector (dim / 4)")
+    g.add_argument("--refine", type=int, default=None,
+                   help="IVF-PQ: re-score the best refine·k exactly from the vectors (4; 0: PQ scores only)")
     g.add_argument("--qdrant-url", default=None, help="a Qdrant server or cluster, e.g. http://127.0.0.1:6333 "
                    "(default: embedded, in this process)")
     g.add_argument("--no-bm25", action="store_false", dest="bm25", help="no BM25 index (no --hybrid search)")
@@ -69,7 +71,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 def _backend_params(args: argparse.Namespace) -> dict:
     named = {"M": args.hnsw_m, "ef_construction": args.ef_construction, "nlist": args.nlist, "m": args.pq_m,
-             "url": args.qdrant_url}
+             "refine": args.refine, "url": args.qdrant_url}
     return {k: v for k, v in named.items() if v is not None}
 
 

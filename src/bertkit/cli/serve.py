@@ -11,14 +11,18 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve models over HTTP (text-embeddings-inference and OpenAI APIs)",
                        description="Serve one or more model dirs in one process: POST /embed, "
                        "/embed_all, /similarity, /v1/embeddings, /rerank, /predict, /tokenize, /decode, "
-                       "/fill-mask, /ner, /qa; GET /v1/models, /health, /info, /metrics, /openapi.json "
-                       "(OpenAPI 3.1), /docs. Each request picks a model with its `model` field "
+                       "/fill-mask, /ner, /qa, /search (with --index); GET /v1/models, /health, /info, /metrics, "
+                       "/openapi.json (OpenAPI 3.1), /docs. Each request picks a model with its `model` field "
                        "(the first is the default); requests are batched together on one model "
                        "thread. --adapter NAME=DIR serves a LoRA adapter over its base model (many "
                        "adapters share the base in memory and in batches). SIGTERM or Ctrl-C: stop "
                        "taking requests, finish those in flight, exit 0.")
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL_DIR",
                    help="model dirs, each optionally named (default name: the dir's last part)")
+    p.add_argument("--index", action="append", default=[], metavar="[NAME=]INDEX_DIR",
+                   help="an index made by `bertkit index`, searched by POST /search (repeatable; the "
+                   "first is the default). Its queries are embedded by the served model with its "
+                   "fingerprint, else by the index's own model, loaded for it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this "
                    "machine only; 0.0.0.0 to accept other machines)")
     p.add_argument("--port", type=int, default=8080)
@@ -80,12 +84,19 @@ def _run_serve(args: argparse.Namespace) -> None:
     if taken:
         raise ValueError(f"--adapter {taken[0]!r}: the name is taken by a model or alias; every name is unique")
     models = {name: load_model(name, directory, **options) for name, directory in named}
+    indexes = {}
+    if args.index:  # before the adapters: an index is queried by the base model it was built with
+        from bertkit.serve.search import load_indexes, parse_index_args
+
+        indexes = load_indexes(parse_index_args(args.index), models, **{k: v for k, v in options.items()
+                                                                        if k != "max_length"})
     adapters = ServedAdapters.attach(models, args.adapter_root) if adapter_specs or args.adapter_root else None
     for name, directory, base in adapter_specs:
         models[name] = adapters.load(name, directory, base)
     service = Service(models, limits, api_key=args.api_key, aliases=aliases,
                       default_prompt_name=args.default_prompt_name,
-                      allow_truncated_dimensions=args.allow_truncated_dimensions, adapters=adapters)
+                      allow_truncated_dimensions=args.allow_truncated_dimensions, adapters=adapters,
+                      indexes=indexes)
     sock = listen(args.host, args.port)  # before announcing: a busy port is an error line
     for model in models.values():
         names = [a for a, m in aliases.items() if m == model.name]
@@ -94,6 +105,11 @@ def _run_serve(args: argparse.Namespace) -> None:
         print(f"model {model.name}{' (also ' + ', '.join(names) + ')' if names else ''}: "
               f"{source} → {', '.join(model.uses)} "
               f"({model.engine.precision}, {model.engine.device}, ≤ {model.max_length} tokens)")
+    for index in indexes.values():
+        info = index.describe()
+        print(f"index {index.name}: {info['path']} → POST /search ({info['documents']:,} documents, "
+              f"{info['passages']:,} passages, {info['backend']}; queries embedded by "
+              f"{'its own model ' + info['model_dir'] if index.own_model else 'model ' + index.model.name})")
     print(f"listening on http://{args.host}:{sock.getsockname()[1]} (SIGTERM or Ctrl-C stops, "
           "finishing requests in flight)", flush=True)
     serve(service, sockets=[sock], graceful_timeout=args.graceful_timeout)

@@ -128,6 +128,13 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
                    "(--input: JSON Lines of vocabulary indices and values)")
     p.add_argument("--top-k", type=int, default=None,
                    help="with --sparse: keep each text's K largest weights (default: all non-zero)")
+    g = p.add_argument_group("passages (with --input)")
+    g.add_argument("--passage-tokens", type=int, default=0,
+                   help="cut each document into passages of at most N pieces (sentence-aware; N up to the "
+                   "model's length − 2) and write one row per passage, its document's line, id, number, "
+                   "passage number and character offsets beside it (OUT.passages.jsonl); 0: one row "
+                   "per text, cut at the model's length (default)")
+    g.add_argument("--passage-overlap", type=int, default=0, help="pieces shared by neighbouring passages (0)")
     p.set_defaults(func=_run_embed)
 
 
@@ -142,6 +149,8 @@ def _run_embed(args: argparse.Namespace) -> None:
     settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
                    prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+    if args.passage_tokens or args.passage_overlap:
+        return _embed_passages(args, options)
     engine = _use_engine(args, "embed", **options)
     if engine is None:
         return
@@ -164,7 +173,9 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
     from bertkit.inference.sparse import decode, embed_sparse, sparse_engine
 
     dense_only = [flag for flag, given in (("--pooling", args.pooling), ("--no-normalize", args.normalize is False),
-                                           ("--truncate-dim", args.truncate_dim)) if given]
+                                           ("--truncate-dim", args.truncate_dim),
+                                           ("--passage-tokens", args.passage_tokens),
+                                           ("--passage-overlap", args.passage_overlap)) if given]
     if dense_only:
         raise ValueError(f"{dense_only[0]} is for dense embeddings; --sparse weighs vocabulary terms "
                          "(--top-k keeps the largest)")
@@ -188,6 +199,26 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
     for text, (ix, v) in zip(args.texts, rows):
         terms = "  ".join(f"{t} {w:.2f}" for t, w in decode(engine.tokenizer, ix, v, shown))
         print(f"{text}\n  {len(ix)} terms; top {min(shown, len(ix))}: {terms}")
+
+
+def _embed_passages(args: argparse.Namespace, options: dict) -> None:
+    """embed --input FILE --out OUT --passage-tokens N: one row per passage (retrieval.passage_files)."""
+    if not args.input:
+        raise ValueError("--passage-tokens / --passage-overlap go with --input FILE --out FILE (one row per "
+                         "passage); texts on the command line are embedded whole")
+    if not args.passage_tokens:
+        raise ValueError("--passage-overlap needs --passage-tokens N")
+    _inputs(args)
+    from bertkit.retrieval.passage_files import embed_passages_file
+
+    engine = _engine(args, "embed")
+    summary = embed_passages_file(engine, args.input, args.out, passage_tokens=args.passage_tokens,
+                                  passage_overlap=args.passage_overlap, text_field=args.text_field,
+                                  fmt=args.input_format, resume=args.resume, overwrite=args.overwrite,
+                                  progress=args.progress, **options)
+    print(f"{summary['documents']:,} documents → {summary['rows']:,} passages of ≤ {args.passage_tokens} pieces "
+          f"(their documents and offsets: {summary['passages_file']})")
+    print_file_job(summary, engine)
 
 
 def _add_fill_mask(sub: argparse._SubParsersAction) -> None:

@@ -59,6 +59,7 @@ class Hit:
     start: int = 0  # character offsets of the passage in the document
     end: int = 0
     passage_row: int = -1  # the passage's row (of vectors.npy)
+    passage_number: int = 0  # the passage's place among its document's passages (0: the first)
     first_stage_score: float | None = None  # the retrieval score when reranked
     rerank_score: float | None = None  # the cross-encoder's score (sigmoid) when reranked
     dense_score: float | None = None  # hybrid: the document's best inner product
@@ -254,6 +255,68 @@ class Searcher:
             out.append([by_doc[docs[i]] for i in order])
         return out
 
+    def check(self, *, top_k: int, candidates: int, rerank_weight: float = 1.0, hybrid: str | None = None,
+              rerank: bool | None = None, systems: Sequence[str] | None = None) -> tuple[str, ...]:
+        """ValueError naming the setting for search settings that cannot work together; returns
+        the rankings the search reads (`check_systems`). rerank: whether a reranker orders the
+        candidates (None: whether this Searcher has one)."""
+        rerank = self.reranker is not None if rerank is None else rerank
+        if top_k < 1 or candidates < 1:
+            raise ValueError(f"top_k ({top_k}) and candidates ({candidates}) must be positive")
+        if hybrid is not None and hybrid not in HYBRID:
+            raise ValueError(f"unknown hybrid fusion {hybrid!r}; choose one of {', '.join(HYBRID)}")
+        check_rerank_weight(rerank_weight)
+        if not rerank and rerank_weight != 1.0:
+            raise ValueError(f"rerank weight {rerank_weight} mixes a reranker's scores in, but this "
+                             "search has no reranker; pass --rerank CROSS_ENCODER")
+        if rerank and candidates < top_k:
+            raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
+                             "order what the first stage found; raise --candidates")
+        systems = check_systems(systems, hybrid, self.sparse is not None)
+        if "bm25" in systems and not self.index.meta.get("bm25"):
+            raise ValueError(f"index {self.index.path} has no BM25 index for hybrid search; rebuild it "
+                             "with `bertkit index` (BM25 is built unless --no-bm25)")
+        return systems
+
+    def first_hits(self, queries: Sequence[str], vectors: np.ndarray | None, *, top_k: int = 10,
+                   candidates: int = 100, hybrid: str | None = None, ef: int | None = None,
+                   nprobe: int | None = None, rerank: bool = False,
+                   systems: Sequence[str] | None = None) -> list[list[Hit]]:
+        """The first stage's documents per query, best first: `top_k` of them, or `candidates`
+        when a reranker orders them next (`reranked`) or hybrid fusion needs the wider list.
+
+        vectors: (Q, H) the queries' vectors, embedded as the index's were (`embed_queries`);
+        None where the dense ranking is not among `systems` (`check`)."""
+        systems = check_systems(systems, hybrid, self.sparse is not None)
+        if "dense" not in systems:
+            vectors = None
+        elif np.shape(vectors) != (len(queries), self.index.meta["dim"]):
+            raise ValueError(f"vectors {np.shape(vectors)} must be (queries {len(queries)}, {self.index.meta['dim']})")
+        params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe)) if v is not None}
+        first = candidates if rerank or hybrid is not None else top_k
+        found = self.first_stage(queries, vectors, first, hybrid, systems, **params)
+        keep = candidates if rerank else top_k
+        return [self._hits(cands[:keep], [c.score for c in cands[:keep]]) for cands in found]
+
+    @staticmethod
+    def reranked(hits: list[Hit], logits: np.ndarray, *, top_k: int, rerank_weight: float = 1.0) -> list[Hit]:
+        """One query's first-stage hits ordered by a cross-encoder's raw scores of their passages
+        (`logits` (C,), in the hits' order): by its sigmoid, or with rerank_weight < 1 by
+        `fuse_scores` of both stages; the best `top_k`, ranks and scores set."""
+        import torch
+
+        probs = torch.from_numpy(np.asarray(logits, dtype=np.float32)).sigmoid().numpy()  # rerank()'s own scores
+        firsts = np.array([h.score for h in hits])
+        final = probs if rerank_weight == 1.0 else fuse_scores(firsts, logits, rerank_weight)
+        order = sorted(range(len(hits)), key=lambda i: (-final[i], i))[:top_k]
+        ranked = []
+        for r, i in enumerate(order):
+            h = hits[i]
+            h.rank, h.score = r + 1, float(final[i])
+            h.first_stage_score, h.rerank_score = float(firsts[i]), float(probs[i])
+            ranked.append(h)
+        return ranked
+
     def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
                rerank_weight: float = 1.0, hybrid: str | None = None, ef: int | None = None,
                nprobe: int | None = None, vectors: np.ndarray | None = None,
@@ -268,54 +331,27 @@ class Searcher:
         with its other requests); None embeds them here. systems: the rankings read (one) or
         fused (several, with hybrid) among dense, bm25 and sparse; default dense, or dense and
         bm25 under hybrid."""
-        import torch
-
         from bertkit.inference.common import as_texts
 
         queries = as_texts(queries, "query")
-        if top_k < 1 or candidates < 1:
-            raise ValueError(f"top_k ({top_k}) and candidates ({candidates}) must be positive")
-        if hybrid is not None and hybrid not in HYBRID:
-            raise ValueError(f"unknown hybrid fusion {hybrid!r}; choose one of {', '.join(HYBRID)}")
-        check_rerank_weight(rerank_weight)
-        if self.reranker is None and rerank_weight != 1.0:
-            raise ValueError(f"rerank weight {rerank_weight} mixes a reranker's scores in, but this "
-                             "search has no reranker; pass --rerank CROSS_ENCODER")
-        if self.reranker is not None and candidates < top_k:
-            raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
-                             "order what the first stage found; raise --candidates")
-        systems = check_systems(systems, hybrid, self.sparse is not None)
-        params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe)) if v is not None}
-        first = candidates if self.reranker is not None or hybrid is not None else top_k
+        systems = self.check(top_k=top_k, candidates=candidates, rerank_weight=rerank_weight, hybrid=hybrid,
+                             systems=systems)
+        rerank = self.reranker is not None
         tick = time.perf_counter()
-        if "dense" not in systems:
-            vectors = None
-        elif vectors is None:
+        if "dense" in systems and vectors is None:
             vectors = self.embed_queries(queries)
-        elif np.shape(vectors) != (len(queries), self.index.meta["dim"]):
-            raise ValueError(f"vectors {np.shape(vectors)} must be (queries {len(queries)}, {self.index.meta['dim']})")
-        found = self.first_stage(queries, vectors, first, hybrid, systems, **params)
+        found = self.first_hits(queries, vectors, top_k=top_k, candidates=candidates, hybrid=hybrid, ef=ef,
+                                nprobe=nprobe, rerank=rerank, systems=systems)
         timings = {"retrieve_ms": (time.perf_counter() - tick) * 1000, "rerank_ms": 0.0}
         out = []
-        for query, cands in zip(queries, found):
-            if self.reranker is None:
-                out.append(self._hits(cands[:top_k], [c.score for c in cands[:top_k]]))
+        for query, hits in zip(queries, found):
+            if not rerank:
+                out.append(hits)
                 continue
-            hits = self._hits(cands, [c.score for c in cands])
             tick = time.perf_counter()
             logits = rerank_logits(self.reranker, query, [h.passage for h in hits])  # (C,)
             timings["rerank_ms"] += (time.perf_counter() - tick) * 1000
-            probs = torch.from_numpy(logits).sigmoid().numpy()  # (C,) rerank()'s own float32 scores
-            firsts = np.array([c.score for c in cands])
-            final = probs if rerank_weight == 1.0 else fuse_scores(firsts, logits, rerank_weight)
-            order = sorted(range(len(hits)), key=lambda i: (-final[i], i))[:top_k]
-            ranked = []
-            for r, i in enumerate(order):
-                h = hits[i]
-                h.rank, h.score = r + 1, float(final[i])
-                h.first_stage_score, h.rerank_score = float(firsts[i]), float(probs[i])
-                ranked.append(h)
-            out.append(ranked)
+            out.append(self.reranked(hits, logits, top_k=top_k, rerank_weight=rerank_weight))
         self.timings = timings
         return out
 
@@ -326,7 +362,8 @@ class Searcher:
             _, start, end = (int(x) for x in self.index.passages[c.passage])
             end = len(d["text"]) if end < 0 else end
             hits.append(Hit(r + 1, d["id"], float(s), c.doc, d["text"], d["text"][start:end], start, end,
-                            c.passage, dense_score=c.dense, bm25_score=c.lexical, sparse_score=c.sparse))
+                            c.passage, c.passage - int(self._doc_first[c.doc]), dense_score=c.dense,
+                            bm25_score=c.lexical, sparse_score=c.sparse))
         return hits
 
 

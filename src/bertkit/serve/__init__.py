@@ -10,8 +10,8 @@ they share and the steps of a request, `scheduler.py` the queue that batches acr
 one model thread, `runners.py` how each use runs a merged batch, `limits.py` admission and
 back-pressure, `errors.py` the one error type and its status map, `schemas.py` the request and
 answer models (validation and the OpenAPI document both read them), `metrics.py` Prometheus,
-`models.py` what a directory serves. Needs the `serve` extra (starlette, uvicorn, pydantic,
-prometheus-client, swagger-ui-bundle-v2).
+`models.py` what a directory serves, `search.py` POST /search over the indexes of `--index`.
+Needs the `serve` extra (starlette, uvicorn, pydantic, prometheus-client, swagger-ui-bundle-v2).
 """
 
 from bertkit.serve.app import build_app, openapi, serve

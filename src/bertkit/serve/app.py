@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bertkit import __version__, web
-from bertkit.serve import adapters, openai, routes, schemas
+from bertkit.serve import adapters, openai, routes, schemas, search
 from bertkit.serve.errors import ErrorType, ServeError
 from bertkit.serve.responses import JSONResponse
 from bertkit.serve.scheduler import Scheduler
@@ -105,9 +105,13 @@ ROUTES: list[RouteSpec] = [
                                     schemas.NerResponse)),
     RouteSpec(routes.route_qa, _op("/qa", "post", "qa", "Answer spans of questions in contexts",
                                    schemas.QARequest, schemas.QAResponse)),
+    RouteSpec(search.route_search, _op("/search", "post", "search", "Documents of a served index (--index) "
+                                       "for queries, with the passage that matched", schemas.SearchRequest,
+                                       schemas.SearchResponse)),
     RouteSpec(routes.route_health, _op("/health", "get", "health", "200 when the model thread runs",
                                        errors=(503,), timed=False, media_type=None), open_route=True),
-    RouteSpec(routes.route_info, _op("/info", "get", "info", "The default model, every model, the limits (TEI)",
+    RouteSpec(routes.route_info, _op("/info", "get", "info", "The default model, every model and index, the "
+                                     "limits (TEI)",
                                      response=schemas.Info, errors=GET_ERRORS, timed=False)),
     RouteSpec(routes.route_metrics, _op("/metrics", "get", "metrics", "Prometheus metrics", errors=GET_ERRORS,
                                         timed=False, media_type="text/plain")),

@@ -293,7 +293,8 @@ async def route_info(service: Service, request: Request) -> Response:
                          "openai_max_batch_size": limits.openai_max_batch_size,
                          "payload_limit": limits.payload_limit, "auto_truncate": limits.auto_truncate,
                          "tokenization_workers": 1, "version": __version__,
-                         "models": [model_info(service, m) for m in service.models.values()]})
+                         "models": [model_info(service, m) for m in service.models.values()],
+                         "indexes": [i.describe() for i in service.indexes.values()]})
 
 
 async def route_metrics(service: Service, request: Request) -> Response:

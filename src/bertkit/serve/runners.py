@@ -32,8 +32,9 @@ def _run_ids(model: ServedModel, items: Sequence[Ids], head: Callable) -> list[t
 
 
 def run_embed(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
-    """(H,) float32 pooled vector per sequence, not normalized (each request decides)."""
-    mode, _ = resolve_pooling(model.engine, None, None)
+    """(H,) float32 pooled vector per sequence, not normalized (each request decides).
+    key: () pools as the model does, (mode,) by `mode` (an index built with another --pooling)."""
+    mode = key[0] if key else resolve_pooling(model.engine, None, None)[0]
     encoder = encoder_of(model.engine.model)
 
     def head(_model, batch) -> torch.Tensor:

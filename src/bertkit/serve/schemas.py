@@ -220,6 +220,27 @@ class QARequest(Request):
     model: Model = None
 
 
+class SearchRequest(Request):
+    """POST /search: documents of a served index (`--index NAME=DIR`) for one query or a list."""
+    query: Texts
+    index: Annotated[str | None, Field(description="the served index's name (absent: the first)")] = None
+    top_k: Annotated[int, Field(ge=1, le=1000, description="documents per query")] = 10
+    candidates: Annotated[int, Field(ge=1, le=1000, description="first-stage documents the reranker "
+                                     "orders, or each side of a hybrid fusion brings")] = 100
+    rerank: Annotated[str | None, Field(description="a served cross-encoder's name: it orders the "
+                                        "candidates by their best passage")] = None
+    rerank_weight: Annotated[float, Field(ge=0, le=1, description="order by W · reranker + (1 − W) · first "
+                                          "stage, each standardised (1: the reranker alone)")] = 1.0
+    hybrid: Annotated[Literal["rrf", "zscore"] | None, Field(description="fuse the dense ranking with "
+                                                             "BM25's (the index's own)")] = None
+    ef: Annotated[int | None, Field(ge=1, le=100_000, description="faiss-hnsw search beam "
+                                    "(absent: the index's)")] = None
+    nprobe: Annotated[int | None, Field(ge=1, le=1_000_000, description="faiss-ivfpq lists searched "
+                                        "(absent: the index's)")] = None
+    truncate: Truncate = None
+    return_text: bool = False
+
+
 def read(model: type[Request], raw: bytes, route: str) -> Any:
     """The body read into `model`; a validation error (422) naming the field otherwise."""
     try:
@@ -373,6 +394,37 @@ class QAResponse(RootModel[Union[list[Answer], list[list[Answer]]]]):
     pass
 
 
+class SearchHit(BaseModel):
+    rank: int
+    id: str
+    score: float  # the order's: inner product, fused first stage, the reranker's or both fused
+    passage: str  # the passage that matched: the document's text[start:end]
+    start: int
+    end: int
+    passage_number: int  # the passage's place among its document's passages (0: the first)
+    first_stage_score: float | None = None  # reranked: the retrieval score
+    rerank_score: float | None = None  # reranked: the cross-encoder's (sigmoid)
+    dense_score: float | None = None  # hybrid: the best inner product
+    bm25_score: float | None = None  # hybrid: the best BM25 score
+    text: str | None = None  # the whole document, with return_text
+
+
+class SearchTimings(BaseModel):
+    embed_ms: float  # the queries tokenized and embedded (queue included)
+    retrieve_ms: float  # the index's backend (and BM25)
+    rerank_ms: float
+    total_ms: float
+
+
+class SearchResponse(BaseModel):
+    """The best documents, best first: a list for one query, a list of them for a list of queries."""
+    index: str
+    model: str  # the model that embedded the queries
+    reranker: str | None
+    documents: Union[list[SearchHit], list[list[SearchHit]]]
+    timings: SearchTimings
+
+
 class CompatRequest(RootModel[Union[EmbedRequest, PredictRequest, RerankRequest, SimilarityRequest]]):
     """POST /: a body of /rerank (it has `query`), /similarity (`inputs` is an object), /predict
     (the model is a classifier) or /embed."""
@@ -395,6 +447,21 @@ class ModelInfo(BaseModel):
     adapter: dict[str, Any] | None = None  # a LoRA adapter's directory, use, rank, labels
 
 
+class IndexInfo(BaseModel):
+    name: str
+    path: str
+    model: str  # the model that embeds its queries (a served one, or index/NAME: the index's own)
+    model_dir: str
+    own_model: bool
+    backend: str
+    documents: int
+    passages: int
+    dim: int
+    max_length: int
+    hybrid: bool
+    passage_tokens: int
+
+
 class Info(ModelInfo):
     """TEI's /info for the default model, with every served model under `models`."""
     max_concurrent_requests: int
@@ -404,3 +471,4 @@ class Info(ModelInfo):
     tokenization_workers: int
     version: str
     models: list[ModelInfo]
+    indexes: list[IndexInfo] = []

@@ -46,6 +46,8 @@ class Service:
     default_prompt_name: str | None = None
     allow_truncated_dimensions: bool = False
     adapters: Any = None  # serve.adapters.ServedAdapters: the bases' adapter hosts, --adapter-root
+    # --index NAME=DIR: {name: serve.search.ServedIndex}, searched by POST /search (first = default)
+    indexes: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -68,7 +68,7 @@ def run_file(input_path: str | os.PathLike, out_path: str | os.PathLike,
              progress: bool = True, settings: dict[str, Any] | None = None, fmt: str = "auto",
              text_field: str = "text", pair_field: str | None = None, words_field: str | None = None,
              max_chars: int = DEFAULT_MAX_CHARS, distributed: Any = "auto",
-             desc: str = "rows") -> dict[str, Any]:
+             desc: str = "rows", line_field: str | None = None) -> dict[str, Any]:
     """Map every usable row of `input_path` through `process` into `out_path`, in input order.
 
     process: list of up to `chunk_size` Records → one result per record, in order: for kind
@@ -85,6 +85,8 @@ def run_file(input_path: str | os.PathLike, out_path: str | os.PathLike,
     fmt, text_field, pair_field, words_field, max_chars: reading, as `read_records`.
     distributed: "auto" (several ranks when WORLD_SIZE > 1, e.g. under torchrun), False, True, or
       a `bertkit.distributed.DistInfo` whose process group the caller already joined.
+    line_field: jsonl: the output's `line` is this field of each input row (an input that is
+      itself derived from another file, e.g. passages naming their document's line), not the row's own.
     Returns a summary: out, input, kind, rows (written), dim, skipped (count), problems
       {problem: count}, examples (first "file:line: what is wrong"), resumed_from (rows this rank
       had done before), processed (rows this rank computed now), seconds, rows_per_second,
@@ -130,7 +132,7 @@ def run_file(input_path: str | os.PathLike, out_path: str | os.PathLike,
                "rows": n_rows, "settings": plain(settings or {})}
     saved = load_state(files.state(group.rank, group.world_size), current, out) \
         if decision == "resume" else None
-    job = Job(files, group, current, process, reading, input_path, saved)
+    job = Job(files, group, current, process, reading, input_path, saved, line_field=line_field)
     if kind == "npy":
         job.open_npy(resume=decision == "resume")
     else:
@@ -180,6 +182,7 @@ class Job:
     rows_done_before: int = 0
     array: Any = None  # npy: the memory-mapped output
     handle: Any = None  # jsonl: this rank's open output file
+    line_field: str | None = None  # jsonl: the row field that is the output's `line` (see run_file)
 
     def __post_init__(self) -> None:
         if self.saved:
@@ -328,7 +331,7 @@ class Job:
                                  "it must return one per record, in order")
             lines = []
             for record, result in zip(chunk, results):
-                obj: dict[str, Any] = {"line": record.line}
+                obj: dict[str, Any] = {"line": record.extra[self.line_field] if self.line_field else record.line}
                 if "id" in record.extra:
                     obj["id"] = record.extra["id"]
                 if isinstance(result, dict):

@@ -1,0 +1,246 @@
+"""POST /search: indexes made by `bertkit index`, searched over HTTP (`bertkit serve --index NAME=DIR`).
+
+A request's queries are tokenized and embedded like any /embed request: on the service's model
+thread, in the same runs as the other routes' inputs (`Scheduler.submit`), by a served model
+whose fingerprint (weights, config, pooling files, tokenizer: `retrieval.model_fingerprint`)
+equals the index's, or, where none does, by the index's own model, loaded for it at start-up. The
+index's backend and BM25 then run on a worker thread (`Searcher.first_hits`), so the event loop
+never scans vectors; a reranker named in the request (a served cross-encoder) scores each
+(query, passage) pair on the model thread too, at the length it was trained at, as `bertkit
+search --rerank` does (`Searcher.reranked` orders them). The answer equals the library's
+`Searcher.search` for the same settings: the same vectors, passages and order.
+
+Queries longer than the length the index was built at are refused (422) unless the request or
+the server says to cut them (`truncate`, --auto-truncate), as on /embed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bertkit.retrieval import Searcher, model_fingerprint, open_index
+from bertkit.retrieval.bm25 import BM25
+from bertkit.retrieval.index import BM25_DIR
+from bertkit.serve import schemas
+from bertkit.serve.errors import ErrorType, ServeError, validation
+from bertkit.serve.models import ServedModel, load_model
+from bertkit.serve.responses import JSONResponse
+from bertkit.serve.routes import body
+from bertkit.serve.service import INLINE_CHARS, Service, run_admitted, run_sliced, timing_of, truncate_of
+
+__all__ = ["ServedIndex", "load_indexes", "parse_index_args", "route_search"]
+
+
+@dataclass
+class ServedIndex:
+    """One index of the service: its name, the Searcher over it, and the model that embeds its queries."""
+    name: str
+    searcher: Searcher
+    model: ServedModel  # a served model with the index's fingerprint, or the index's own (own_model)
+    own_model: bool
+    pooling: str  # how the index's vectors were pooled and normalised; queries are made the same way
+    normalize: bool
+
+    @property
+    def max_length(self) -> int:
+        """Pieces per query: the length the index was built at (within the model's)."""
+        return min(int(self.searcher.index.meta["max_length"]), self.model.max_length)
+
+    @property
+    def run_key(self) -> tuple:
+        """The embed runner's key: () is the model's own pooling (then these queries share runs
+        with /embed's requests), else the index's mode."""
+        own = self.model.engine.pooling
+        return () if self.pooling == (own.mode if own else "mean") else (self.pooling,)
+
+    def describe(self) -> dict[str, Any]:
+        meta = self.searcher.index.meta
+        return {"name": self.name, "path": str(self.searcher.index.path), "model": self.model.name,
+                "model_dir": meta["model"], "own_model": self.own_model,
+                "backend": self.searcher.backend.name, "documents": meta["documents"], "passages": meta["rows"],
+                "dim": meta["dim"], "max_length": self.max_length, "hybrid": bool(meta.get("bm25")),
+                "passage_tokens": (meta.get("passages") or {}).get("tokens", 0)}
+
+
+def parse_index_args(specs: list[str]) -> list[tuple[str, str]]:
+    """["NAME=DIR" or "DIR", ...] → [(name, dir)]; a bare DIR is named after its last part."""
+    out: list[tuple[str, str]] = []
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        if not sep or not name or os.path.exists(spec):
+            name, directory = Path(spec.rstrip("/")).name or spec, spec
+        if not directory:
+            raise ValueError(f"--index {spec!r} has an empty directory; write NAME=INDEX_DIR")
+        if any(name == seen for seen, _ in out):
+            raise ValueError(f"two indexes are named {name!r}; name them apart with --index NAME=INDEX_DIR")
+        out.append((name, directory))
+    return out
+
+
+def load_indexes(specs: list[tuple[str, str]], models: dict[str, ServedModel],
+                 **engine_options: Any) -> dict[str, ServedIndex]:
+    """Open each (name, index dir); its queries go to the first served model with its fingerprint,
+    else to its own model, loaded here (engine_options: precision, device, max_batch_tokens)."""
+    prints: dict[str, dict[str, str]] = {}
+    out: dict[str, ServedIndex] = {}
+    for name, directory in specs:
+        index = open_index(directory)
+        meta = index.meta
+        saved = meta["fingerprint"]
+        model = None
+        for served in models.values():
+            if "embed" not in served.uses or served.engine.model_dir is None:
+                continue
+            if served.name not in prints:
+                prints[served.name] = model_fingerprint(served.engine.model_dir, served.engine.tokenizer)
+            if prints[served.name] == saved:
+                model = served
+                break
+        own = model is None
+        if own:
+            if not os.path.isdir(meta["model"]):
+                raise FileNotFoundError(f"--index {name}: the index's model {meta['model']} is not there any "
+                                        "more, and no served model has its fingerprint; serve the same model "
+                                        "beside it, or rebuild the index")
+            index.check_model(meta["model"])  # before loading weights
+            options = {**engine_options, "max_length": meta["max_length"]}
+            model = load_model(f"index/{name}", meta["model"], **options)
+            index.check_model(model.engine.model_dir, model.engine.tokenizer)
+        searcher = Searcher(index, model.engine)
+        if meta.get("bm25") and (index.path / BM25_DIR).is_dir():  # now, not on the first hybrid request
+            searcher.bm25 = BM25.load(index.path / BM25_DIR)
+        out[name] = ServedIndex(name, searcher, model, own, meta["pooling"], bool(meta["normalize"]))
+    return out
+
+
+def index_of(service: Service, name: str | None) -> ServedIndex:
+    if not service.indexes:
+        raise ServeError(ErrorType.NOT_FOUND, "no index is served here; start the server with "
+                         "--index NAME=INDEX_DIR (an index made by `bertkit index`)")
+    found = service.indexes.get(next(iter(service.indexes)) if name is None else name)
+    if found is None:
+        raise ServeError(ErrorType.NOT_FOUND, f"index {name!r} is not served here; `index` must be one of "
+                         f"{', '.join(map(repr, service.indexes))}")
+    return found
+
+
+def encode_at(tokenizer: Any, texts: list[str], pairs: list[str] | None, max_length: int, truncate: bool,
+              field_name: str, why: str) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(ids, type_ids) per input cut at max_length pieces, and their token count; an over-long
+    input without `truncate` is refused (422), naming the field and `why` the limit is what it is."""
+    encodings = tokenizer.encode_raw(texts, pairs, max_length=max_length)
+    if not truncate:
+        for i, e in enumerate(encodings):
+            if e.overflowing:
+                raise validation(f"`{field_name}[{i}]` is longer than {max_length} tokens ({why}); "
+                                 "shorten it, send \"truncate\": true, or start the server with --auto-truncate")
+    items = [(e.ids, e.type_ids) for e in encodings]
+    return items, sum(len(ids) for ids, _ in items)
+
+
+async def tokenized_at(service: Service, request: Request, model: ServedModel, texts: list[str],
+                       pairs: list[str] | None, max_length: int, truncate: bool, field_name: str,
+                       why: str) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """`encode_at` on the event loop for short inputs, else on the tokenizing thread; timed."""
+    start = time.perf_counter()
+    chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs else 0)
+    if chars <= INLINE_CHARS:
+        out = encode_at(model.loop_tokenizer, texts, pairs, max_length, truncate, field_name, why)
+    else:
+        out = await service.scheduler.tokenize(encode_at, model.tokenizer, texts, pairs, max_length, truncate,
+                                               field_name, why)
+    timing = timing_of(request)
+    timing.tokenization += time.perf_counter() - start
+    timing.characters += chars
+    timing.tokens += out[1]
+    return out
+
+
+async def query_vectors(service: Service, request: Request, index: ServedIndex, queries: list[str],
+                        truncate: bool) -> np.ndarray:
+    """(Q, H) the queries' vectors, pooled and normalised as the index's, from the model thread."""
+    timing = timing_of(request)
+
+    async def work():
+        items, tokens = await tokenized_at(service, request, index.model, queries, None, index.max_length,
+                                           truncate, "query", f"the length index {index.name!r} was built at")
+        return await service.scheduler.submit(index.model, "embed", index.run_key, items, tokens, timing)
+
+    vectors = torch.stack(await run_admitted(service, request, len(queries), work)).float()  # (Q, H)
+    return (F.normalize(vectors, dim=-1) if index.normalize else vectors).numpy()
+
+
+async def rerank_scores(service: Service, request: Request, reranker: ServedModel, queries: list[str],
+                        passages: list[list[str]]) -> list[np.ndarray]:
+    """Per query, (C,) the cross-encoder's raw scores of its (query, passage) pairs, cut at the
+    length it was trained at (its tokenizer's model_max_length, as `retrieval.load_reranker`);
+    every query's pairs in the same runs, admitted in slices as /v1/embeddings' inputs."""
+    timing = timing_of(request)
+    length = max(3, min(reranker.tokenizer.model_max_length, reranker.max_length))
+    firsts = [q for q, ps in zip(queries, passages) for _ in ps]
+    seconds = [p for ps in passages for p in ps]
+
+    async def work(start: int, stop: int) -> list[Any]:
+        items, tokens = await tokenized_at(service, request, reranker, firsts[start:stop], seconds[start:stop],
+                                           length, True, "query", "")
+        return await service.scheduler.submit(reranker, "logits", (), items, tokens, timing)
+
+    rows = await run_sliced(service, request, len(seconds), work) if seconds else []
+    scores = np.array([float(r[0]) for r in rows], dtype=np.float32)
+    bounds = np.cumsum([0] + [len(ps) for ps in passages])
+    return [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def hit_json(hit: Any, return_text: bool) -> dict[str, Any]:
+    out = {"rank": hit.rank, "id": str(hit.id), "score": hit.score, "passage": hit.passage, "start": hit.start,
+           "end": hit.end, "passage_number": hit.passage_number, "first_stage_score": hit.first_stage_score,
+           "rerank_score": hit.rerank_score, "dense_score": hit.dense_score, "bm25_score": hit.bm25_score}
+    if return_text:
+        out["text"] = hit.text
+    return out
+
+
+async def route_search(service: Service, request: Request) -> Response:
+    req = await body(service, request, schemas.SearchRequest, "/search")
+    started = time.perf_counter()
+    index = index_of(service, req.index)
+    queries, single = schemas.texts_of(req.query)
+    service.limits.check_batch("query", len(queries))
+    reranker = service.model(req.rerank, "rerank") if req.rerank is not None else None
+    searcher = index.searcher
+    try:
+        searcher.check(top_k=req.top_k, candidates=req.candidates, rerank_weight=req.rerank_weight,
+                       hybrid=req.hybrid, rerank=reranker is not None)
+    except ValueError as err:
+        raise validation(str(err).replace("--rerank CROSS_ENCODER", "`rerank` (a served cross-encoder)")
+                         .replace("--candidates", "`candidates`")) from None
+    vectors = await query_vectors(service, request, index, queries, truncate_of(service, req.truncate))
+    embedded = time.perf_counter()
+    found = await asyncio.to_thread(searcher.first_hits, queries, vectors, top_k=req.top_k,
+                                    candidates=req.candidates, hybrid=req.hybrid, ef=req.ef, nprobe=req.nprobe,
+                                    rerank=reranker is not None)
+    retrieved = time.perf_counter()
+    if reranker is not None:
+        logits = await rerank_scores(service, request, reranker, queries, [[h.passage for h in hits] for hits in found])
+        found = [Searcher.reranked(hits, scores, top_k=req.top_k, rerank_weight=req.rerank_weight)
+                 for hits, scores in zip(found, logits)]
+    done = time.perf_counter()
+    documents = [[hit_json(h, req.return_text) for h in hits] for hits in found]
+    return JSONResponse({"index": index.name, "model": index.model.name,
+                         "reranker": reranker.name if reranker is not None else None,
+                         "documents": documents[0] if single else documents,
+                         "timings": {"embed_ms": round((embedded - started) * 1000, 3),
+                                     "retrieve_ms": round((retrieved - embedded) * 1000, 3),
+                                     "rerank_ms": round((done - retrieved) * 1000, 3),
+                                     "total_ms": round((done - started) * 1000, 3)}})
