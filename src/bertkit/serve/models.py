@@ -108,18 +108,26 @@ def parse_served_names(specs: list[str], models: list[str]) -> dict[str, str]:
     return aliases
 
 
-def parse_model_args(specs: list[str]) -> list[tuple[str, str]]:
-    """["DIR", "NAME=DIR", ...] → [(name, dir)]; a bare DIR is named after its last part."""
+def parse_named_dirs(specs: list[str], *, what: str, plural: str, form: str,
+                     flag: str = "") -> list[tuple[str, str]]:
+    """["DIR", "NAME=DIR", ...] → [(name, dir)]; a bare DIR (or one that exists with a "=" in its
+    path) is named after its last part. Names are unique; the errors name `what` and show `form`."""
     out: list[tuple[str, str]] = []
     for spec in specs:
         name, sep, directory = spec.partition("=")
         if not sep or not name or os.path.exists(spec):
             name, directory = Path(spec.rstrip("/")).name or spec, spec
         if not directory:
-            raise ValueError(f"model {spec!r} has an empty directory; write NAME=MODEL_DIR")
+            raise ValueError(f"{what} {spec!r} has an empty directory; write {form}")
         if any(name == seen for seen, _ in out):
-            raise ValueError(f"two models are named {name!r}; name them apart with NAME=MODEL_DIR")
+            raise ValueError(f"two {plural} are named {name!r}; name them apart with {flag}{form}")
         out.append((name, directory))
+    return out
+
+
+def parse_model_args(specs: list[str]) -> list[tuple[str, str]]:
+    """["DIR", "NAME=DIR", ...] → [(name, dir)]; a bare DIR is named after its last part."""
+    out = parse_named_dirs(specs, what="model", plural="models", form="NAME=MODEL_DIR")
     if not out:
         raise ValueError("bertkit serve needs at least one MODEL_DIR")
     return out

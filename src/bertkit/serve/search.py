@@ -20,7 +20,6 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from bertkit.retrieval.bm25 import BM25
 from bertkit.retrieval.index import BM25_DIR
 from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError, validation
-from bertkit.serve.models import ServedModel, load_model
+from bertkit.serve.models import ServedModel, load_model, parse_named_dirs
 from bertkit.serve.responses import JSONResponse
 from bertkit.serve.routes import body
 from bertkit.serve.service import INLINE_CHARS, Service, run_admitted, run_sliced, timing_of, truncate_of
@@ -75,17 +74,7 @@ class ServedIndex:
 
 def parse_index_args(specs: list[str]) -> list[tuple[str, str]]:
     """["NAME=DIR" or "DIR", ...] → [(name, dir)]; a bare DIR is named after its last part."""
-    out: list[tuple[str, str]] = []
-    for spec in specs:
-        name, sep, directory = spec.partition("=")
-        if not sep or not name or os.path.exists(spec):
-            name, directory = Path(spec.rstrip("/")).name or spec, spec
-        if not directory:
-            raise ValueError(f"--index {spec!r} has an empty directory; write NAME=INDEX_DIR")
-        if any(name == seen for seen, _ in out):
-            raise ValueError(f"two indexes are named {name!r}; name them apart with --index NAME=INDEX_DIR")
-        out.append((name, directory))
-    return out
+    return parse_named_dirs(specs, what="--index", plural="indexes", form="NAME=INDEX_DIR", flag="--index ")
 
 
 def load_indexes(specs: list[tuple[str, str]], models: dict[str, ServedModel],
