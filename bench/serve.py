@@ -33,9 +33,11 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,19 +100,24 @@ class Server:
     env: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     port: int = 0
+    log: Any = None
 
     def start(self, port: int, timeout: float = 180.0) -> None:
         import httpx
 
         self.port = port
         argv = [a.replace("{PORT}", str(port)) for a in self.argv]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # stderr to a file, not a pipe: a server that logs more than a pipe holds (64 kB) under a
+        # long load would block on its next line
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log,
                                      env={**os.environ, **self.env}, cwd=ROOT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.log.seek(0)
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
-                                   f"{self.proc.stderr.read().decode()[-2000:]}")
+                                   f"{self.log.read().decode(errors='replace')[-2000:]}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     return

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bertkit.adapters import AdapterError, AdapterHost, load_engine, mixed_embeddings, mixed_logits
+from bertkit.adapters.routed import RoutedLinear, Routing
 from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertkit.inference import Engine, classify, embed, rerank
 from bertkit.inference.classify import logits as sequence_logits
@@ -81,6 +82,40 @@ def test_base_rows_untouched_and_adapters_drop(base_dir, classifiers):
     assert all(not m.terms for m in host.routed())
     with pytest.raises(KeyError, match="no adapter 'topics'"):
         host.remove("topics")
+
+
+def test_routed_linear_gives_each_row_its_own_terms():
+    """Rows of one batch in any order, of several slots (ranks 2, 3 and 5, terms on parts of the
+    output), the base alone, and a slot with no terms in this layer: each row as W + B_s A_s."""
+    torch.manual_seed(0)
+    routing = Routing()
+    layer = RoutedLinear(torch.nn.Linear(6, 9), routing)
+    terms = {0: [(0, 3, torch.randn(2, 6), torch.randn(3, 2)), (6, 9, torch.randn(3, 6), torch.randn(3, 3))],
+             1: [(0, 9, torch.randn(5, 6), torch.randn(9, 5))],
+             3: [(3, 6, torch.randn(2, 6), torch.randn(3, 2))]}
+    for slot, found in terms.items():
+        layer.add_slot(slot, found)
+    layer.drop_slot(3)
+
+    def alone(x, slot):
+        y = layer.base(x)
+        for lo, hi, a, b in terms.get(slot, []) if slot != 3 else []:
+            y[:, lo:hi] += (x @ a.T) @ b.T
+        return y
+
+    lengths, slots = [3, 1, 4, 2, 2, 5], [1, None, 0, 1, 2, 0]  # slot 2: no terms here
+    x = torch.randn(sum(lengths), 6)
+    with torch.inference_mode(), routing.route(lengths, slots, torch.device("cpu")):
+        got = layer(x)
+        first = layer(x[:len(lengths)])  # one row per sequence (a [CLS] head's layer)
+    rows = [s for s, n in zip(slots, lengths) for _ in range(n)]
+    want = torch.cat([alone(x[i:i + 1], s) for i, s in enumerate(rows)])
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(first, torch.cat([alone(x[i:i + 1], s) for i, s in enumerate(slots)]), atol=1e-5)
+    with torch.inference_mode(), routing.route([4, 2], [0, 0], torch.device("cpu")):  # one slot: no gather
+        assert torch.allclose(layer(x[:6]), alone(x[:6], 0), atol=1e-5)
+    with pytest.raises(RuntimeError, match="got 7 rows"), routing.route(lengths, slots, torch.device("cpu")):
+        layer(x[:7])
 
 
 def test_token_and_span_heads_equal_merged(tmp_path, base_dir, tokenizer):

@@ -86,10 +86,10 @@ def linear(module: nn.Module, x: torch.Tensor, post: tuple | None = None,
         raise ValueError("linear fuses an activation or a residual addition, not both")
     add_rows = getattr(module, "add_rows", None)
     if add_rows is not None:  # per-row adapter terms: the base fused, the terms added before `post`
-        groups = module.active(x.shape[0])
-        if not groups:
+        plan = module.active(x.shape[0])
+        if plan is None:
             return linear(module.base, x, post, residual)
-        y = add_rows(x, linear(module.base, x, residual=residual), groups)
+        y = add_rows(x, linear(module.base, x, residual=residual), plan)
         if post is not None:
             y = F.relu(y) if post[0] == "relu" else F.gelu(y, approximate=post[2] or "none")
         return y
