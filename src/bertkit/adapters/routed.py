@@ -11,7 +11,7 @@ so no adapter ever has a copy of W, and a row's output is what W + B_s A_s (the 
 gives it, up to float summation order. An adapter's terms on one Linear (LoRA on query and
 value, which share the fused Q/K/V Linear) are kept as one A_s (R, in) — the terms' A stacked —
 and one B_s (out, R) holding each term's B (scale included) in its output rows and zeros
-elsewhere, so a slot costs two small matmuls per layer however many terms it has.
+elsewhere: one pair of matrices per slot and layer, however many terms the slot has there.
 
 This is S-LoRA's / Punica's segmented batched LoRA in its plain CPU form. `Routing.route` sorts
 the batch's rows by slot once per batch (`Plan`), and every layer then runs, for the K slots
@@ -22,10 +22,11 @@ present, the same five calls however large K is:
     h = xs @ A_kᵀ, h[pads] = 0        one batched matmul (K, n, R); padding rows zeroed
     y.index_add_(0, index, h @ B_kᵀ)  one batched matmul (K, n, out), scattered back (pads add 0)
 
-A_k, B_k are the slots' stacked terms, padded to the largest rank with zeros (`bank`). A loop of
-two matmuls per slot measured 3.4× slower than the batched pair at K = 16 (bf16, 120 rows per
-slot); a scatter into a column slice of y per slot (torch copies the strided slice around
-`index_add_`) was the first version's main cost. A batch of one adapter takes no gather at all.
+A_k, B_k are the slots' stacked terms, padded to the largest rank with zeros (`bank`). Against a
+loop of two matmuls per slot, the batched pair makes the calls per layer independent of K; a
+scatter into a column slice of y per slot (torch copies the strided slice around `index_add_`)
+was the first version's main cost (docs/benchmarks.md, adapters). A batch of one adapter takes
+no gather at all.
 
 A layer sees either all N token rows, or B rows (one per sequence: the pooler, and the last
 layer when a [CLS] head reads the first token only, `forward_packed_first`), and `Routing`
