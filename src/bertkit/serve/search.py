@@ -36,7 +36,7 @@ from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.models import ServedModel, load_model, parse_named_dirs
 from bertkit.serve.responses import JSONResponse
 from bertkit.serve.routes import body
-from bertkit.serve.service import INLINE_CHARS, Service, run_admitted, run_sliced, timing_of, truncate_of
+from bertkit.serve.service import Service, run_admitted, run_sliced, timing_of, tokenized, truncate_of
 
 __all__ = ["ServedIndex", "load_indexes", "parse_index_args", "route_search"]
 
@@ -124,46 +124,15 @@ def index_of(service: Service, name: str | None) -> ServedIndex:
     return found
 
 
-def encode_at(tokenizer: Any, texts: list[str], pairs: list[str] | None, max_length: int, truncate: bool,
-              field_name: str, why: str) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(ids, type_ids) per input cut at max_length pieces, and their token count; an over-long
-    input without `truncate` is refused (422), naming the field and `why` the limit is what it is."""
-    encodings = tokenizer.encode_raw(texts, pairs, max_length=max_length)
-    if not truncate:
-        for i, e in enumerate(encodings):
-            if e.overflowing:
-                raise validation(f"`{field_name}[{i}]` is longer than {max_length} tokens ({why}); "
-                                 "shorten it, send \"truncate\": true, or start the server with --auto-truncate")
-    items = [(e.ids, e.type_ids) for e in encodings]
-    return items, sum(len(ids) for ids, _ in items)
-
-
-async def tokenized_at(service: Service, request: Request, model: ServedModel, texts: list[str],
-                       pairs: list[str] | None, max_length: int, truncate: bool, field_name: str,
-                       why: str) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """`encode_at` on the event loop for short inputs, else on the tokenizing thread; timed."""
-    start = time.perf_counter()
-    chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs else 0)
-    if chars <= INLINE_CHARS:
-        out = encode_at(model.loop_tokenizer, texts, pairs, max_length, truncate, field_name, why)
-    else:
-        out = await service.scheduler.tokenize(encode_at, model.tokenizer, texts, pairs, max_length, truncate,
-                                               field_name, why)
-    timing = timing_of(request)
-    timing.tokenization += time.perf_counter() - start
-    timing.characters += chars
-    timing.tokens += out[1]
-    return out
-
-
 async def query_vectors(service: Service, request: Request, index: ServedIndex, queries: list[str],
                         truncate: bool) -> np.ndarray:
     """(Q, H) the queries' vectors, pooled and normalised as the index's, from the model thread."""
     timing = timing_of(request)
 
     async def work():
-        items, tokens = await tokenized_at(service, request, index.model, queries, None, index.max_length,
-                                           truncate, "query", f"the length index {index.name!r} was built at")
+        items, tokens = await tokenized(service, request, index.model, queries, None, truncate, "query",
+                                        max_length=index.max_length,
+                                        why=f"the length index {index.name!r} was built at")
         return await service.scheduler.submit(index.model, "embed", index.run_key, items, tokens, timing)
 
     vectors = torch.stack(await run_admitted(service, request, len(queries), work)).float()  # (Q, H)
@@ -181,8 +150,8 @@ async def rerank_scores(service: Service, request: Request, reranker: ServedMode
     seconds = [p for ps in passages for p in ps]
 
     async def work(start: int, stop: int) -> list[Any]:
-        items, tokens = await tokenized_at(service, request, reranker, firsts[start:stop], seconds[start:stop],
-                                           length, True, "query", "")
+        items, tokens = await tokenized(service, request, reranker, firsts[start:stop], seconds[start:stop],
+                                        True, "query", max_length=length)
         return await service.scheduler.submit(reranker, "logits", (), items, tokens, timing)
 
     rows = await run_sliced(service, request, len(seconds), work) if seconds else []

@@ -155,16 +155,20 @@ INLINE_CHARS = 2048
 
 
 async def tokenized(service: Service, request: Request, model: ServedModel, texts: list[str],
-                    pairs: list[str] | None, truncate: bool, field_name: str,
-                    offset: int = 0) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(ids, type_ids) per input and their token count (see `encode`), timed into the request's Timing."""
+                    pairs: list[str] | None, truncate: bool, field_name: str, offset: int = 0, *,
+                    max_length: int | None = None, why: str | None = None
+                    ) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(ids, type_ids) per input and their token count (see `encode`), on the event loop for short
+    inputs, else on the tokenizing thread; timed into the request's Timing. max_length: the
+    model's unless given (an index built at another length, `why` saying so in the 422)."""
     start = time.perf_counter()
     chars = sum(map(len, texts)) + (sum(map(len, pairs)) if pairs else 0)
+    limit = max_length or model.max_length
     if chars <= INLINE_CHARS:
-        out = encode(model.loop_tokenizer, model, texts, pairs, truncate, field_name, offset)
+        out = encode(model.loop_tokenizer, texts, pairs, limit, truncate, field_name, offset, why)
     else:
-        out = await service.scheduler.tokenize(encode, model.tokenizer, model, texts, pairs, truncate,
-                                               field_name, offset)
+        out = await service.scheduler.tokenize(encode, model.tokenizer, texts, pairs, limit, truncate,
+                                               field_name, offset, why)
     timing = timing_of(request)
     timing.tokenization += time.perf_counter() - start
     timing.characters += chars
@@ -172,18 +176,20 @@ async def tokenized(service: Service, request: Request, model: ServedModel, text
     return out
 
 
-def encode(tokenizer, model: ServedModel, texts: list[str], pairs: list[str] | None, truncate: bool,
-           field_name: str, offset: int = 0) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(ids, type_ids) per input and their token count; over-long inputs cut or refused (422).
-    `tokenizer`: the copy owned by the calling thread (see ServedModel); `offset`: the index of
-    texts[0] in the request, for messages."""
-    encodings = tokenizer.encode_raw(texts, pairs, max_length=model.max_length)
+def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int, truncate: bool,
+           field_name: str, offset: int = 0, why: str | None = None
+           ) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(ids, type_ids) per input cut at max_length pieces, and their token count; an over-long
+    input without `truncate` is refused (422), naming the field and the limit (`why` it is what it
+    is, when not the model's max_input_length). `tokenizer`: the copy owned by the calling thread
+    (see ServedModel); `offset`: the index of texts[0] in the request, for messages."""
+    encodings = tokenizer.encode_raw(texts, pairs, max_length=max_length)
     if not truncate:
+        limit = f"{max_length} tokens ({why})" if why else f"max_input_length {max_length} tokens"
         for i, e in enumerate(encodings):
             if e.overflowing:
-                raise validation(f"`{field_name}[{offset + i}]` is longer than max_input_length "
-                                 f"{model.max_length} tokens; shorten it, send \"truncate\": true, or "
-                                 "start the server with --auto-truncate")
+                raise validation(f"`{field_name}[{offset + i}]` is longer than {limit}; shorten it, send "
+                                 "\"truncate\": true, or start the server with --auto-truncate")
     items = [(e.ids, e.type_ids) for e in encodings]
     return items, sum(len(ids) for ids, _ in items)
 
