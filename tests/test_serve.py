@@ -217,6 +217,9 @@ def test_embed_sparse_equals_the_library_in_teis_shape(client, models):
         assert max(abs(p["value"] - v) for p, v in zip(row, values.tolist())) <= 1e-6
     (single,) = client.post("/embed_sparse", json={"inputs": texts[0], "model": "mlm"}).json()  # a list, as TEI
     assert [p["index"] for p in single] == [p["index"] for p in got.json()[0]]
+    info = {m["name"]: m for m in client.get("/info").json()["models"]}["mlm"]
+    assert info["model_type"] == {"embedding": {"pooling": "mean", "splade": {"pooling_strategy": "max",
+                                                                              "activation_function": "relu"}}}
 
 
 def test_health_info_metrics(client):

@@ -58,6 +58,11 @@ def test_sum_pooling_and_log1p_relu_follow_the_saved_settings(mlm_dir, tmp_path)
     model = st.SparseEncoder(modules=[MLMTransformer(str(mlm_dir)), STPooling("sum", "log1p_relu")], device="cpu")
     model.save(str(tmp_path))
     assert SpladePooling.read(tmp_path) == SpladePooling("sum", "log1p_relu")
+    assert SpladePooling.read(tmp_path).declared and not SpladePooling.read(mlm_dir).declared
+    from bertkit.serve.models import load_model  # /info says "splade", as TEI does for a SPLADE model
+
+    assert load_model("s", tmp_path).describe()["model_type"] == {"embedding": {
+        "pooling": "splade", "splade": {"pooling_strategy": "sum", "activation_function": "log1p_relu"}}}
     expected = model.encode(TEXTS[:4], convert_to_sparse_tensor=True).to_dense()
     assert (dense(embed_sparse(tmp_path, TEXTS[:4])) - expected).abs().max() <= 1e-5
 

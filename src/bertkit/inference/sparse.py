@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,6 +45,7 @@ class SpladePooling:
     """How token logits become term weights, as sentence-transformers' SpladePooling module."""
     pooling_strategy: str = "max"  # SPLADE v2 and later; "sum" is the first SPLADE's
     activation_function: str = "relu"  # log1p∘ReLU; "log1p_relu" adds a second log1p (OpenSearch models)
+    declared: bool = field(default=False, compare=False)  # read from a SparseEncoder directory's own files
 
     def __post_init__(self) -> None:
         if self.pooling_strategy not in POOLING_STRATEGIES:
@@ -76,7 +77,7 @@ class SpladePooling:
             found = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
         except ValueError as err:
             raise ValueError(f"{file}: not valid JSON ({err}); fix or remove it") from None
-        return cls(found.get("pooling_strategy", "max"), found.get("activation_function", "relu"))
+        return cls(found.get("pooling_strategy", "max"), found.get("activation_function", "relu"), declared=True)
 
 
 def sparse_engine(model_dir: str | os.PathLike, **options: Any) -> Engine:

@@ -18,6 +18,7 @@ from bertkit import tasks
 from bertkit.fileio import model_directory
 from bertkit.inference import Engine
 from bertkit.inference.embed import sentence_transformers_settings
+from bertkit.inference.sparse import SpladePooling
 from bertkit.tokenizer import BertTokenizer
 
 
@@ -54,6 +55,14 @@ class ServedModel:
     def max_length(self) -> int:
         return int(self.engine.max_length)
 
+    @property
+    def splade(self) -> SpladePooling:
+        """How /embed_sparse pools the MLM logits: a SparseEncoder directory's own settings, else
+        SPLADE v2's (read once)."""
+        if "splade" not in self.extra:
+            self.extra["splade"] = SpladePooling.read(self.engine.model_dir)
+        return self.extra["splade"]
+
     def describe(self) -> dict[str, Any]:
         """TEI's /info fields for this model, plus the uses it serves."""
         config = self.engine.config
@@ -63,8 +72,13 @@ class ServedModel:
             model_type = {kind: {"id2label": {str(k): v for k, v in labels.items()},
                                  "label2id": {v: k for k, v in labels.items()}}}
         else:
-            pooling = self.engine.pooling.mode if self.engine.pooling else "mean"
-            model_type = {"embedding": {"pooling": pooling}}
+            embedding: dict[str, Any] = {"pooling": self.engine.pooling.mode if self.engine.pooling else "mean"}
+            if "embed_sparse" in self.uses:  # TEI says "splade" for a SPLADE model; the settings are ours
+                if self.splade.declared:
+                    embedding["pooling"] = "splade"
+                embedding["splade"] = {"pooling_strategy": self.splade.pooling_strategy,
+                                       "activation_function": self.splade.activation_function}
+            model_type = {"embedding": embedding}
         return {"name": self.name, "model_id": str(self.engine.model_dir), "model_sha": None,
                 "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[self.engine.precision],
                 "precision": self.engine.precision, "device": str(self.engine.device),

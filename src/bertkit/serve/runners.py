@@ -16,7 +16,7 @@ import torch
 
 from bertkit.inference import fill_mask, ner, qa
 from bertkit.inference.embed import pool, resolve_pooling
-from bertkit.inference.sparse import SpladePooling, splade_weights
+from bertkit.inference.sparse import splade_weights
 from bertkit.model import encoder_of
 from bertkit.serve.models import ServedModel
 
@@ -83,9 +83,7 @@ def run_qa(model: ServedModel, key: tuple, pairs: Sequence[tuple[str, str]]) -> 
 
 def run_embed_sparse(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(indices, values) SPLADE weights per sequence, with the model's own pooling settings."""
-    if "splade" not in model.extra:
-        model.extra["splade"] = SpladePooling.read(model.engine.model_dir)
-    pooling = model.extra["splade"]
+    pooling = model.splade
     return _run_ids(model, items, lambda m, batch: splade_weights(m, batch, pooling, None))
 
 
