@@ -221,7 +221,6 @@ def mixed_logits(engine: Engine, ids: Sequence[Sequence[int]], type_ids: Sequenc
     if any(getattr(m, "mean_pooling", False) for m in models.values()):
         raise ValueError("mixed batches read the first token; a mean-pooling classifier runs alone")
     encoder = encoder_of(engine.model)
-    out: list[Any] = [None] * len(ids)
 
     def head(_model, batch) -> list[torch.Tensor]:
         found = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed, first_only=True)
@@ -234,26 +233,19 @@ def mixed_logits(engine: Engine, ids: Sequence[Sequence[int]], type_ids: Sequenc
                 rows[row] = value
         return rows
 
-    for index, rows in engine.run(ids, type_ids, head, adapters=adapters):
-        for i, row in zip(index, rows):
-            out[i] = row
-    return out
+    return engine.run_ordered(ids, type_ids, head, adapters=adapters)
 
 
 def mixed_embeddings(engine: Engine, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None,
                      adapters: Sequence[int | None], mode: str) -> list[torch.Tensor]:
     """(H,) float32 pooled vector of each sequence through its adapter's terms (not normalized)."""
     encoder = encoder_of(engine.model)
-    out: list[Any] = [None] * len(ids)
 
     def head(_model, batch) -> torch.Tensor:
         hidden = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).hidden  # (N, H)
         return pool(hidden, batch, mode).cpu()  # (B, H)
 
-    for index, rows in engine.run(ids, type_ids, head, adapters=adapters):
-        for i, row in zip(index, rows):
-            out[i] = row
-    return out
+    return engine.run_ordered(ids, type_ids, head, adapters=adapters)
 
 
 def load_engine(base: str | os.PathLike, adapter: str | os.PathLike, *, name: str = "adapter",

@@ -294,6 +294,17 @@ class Engine:
         """`run` over tokenizer encodings."""
         return self.run([e.ids for e in encodings], [e.type_ids for e in encodings], head)
 
+    def run_ordered(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None,
+                    head: Callable[[nn.Module, Batch], Any], adapters: Sequence[int | None] | None = None
+                    ) -> list[Any]:
+        """`run`, one result per sequence in the order of `ids`: `head` returns the batch's B
+        results in batch order (a list, or a tensor of B rows)."""
+        out: list[Any] = [None] * len(ids)
+        for index, rows in self.run(ids, type_ids, head, adapters=adapters):
+            for i, row in zip(index, rows):
+                out[i] = row
+        return out
+
     @functools.cached_property
     def word_pieces(self) -> WordPieces:
         """The tokenizer as plain word pieces (no special tokens, no truncation), for the uses

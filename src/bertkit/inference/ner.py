@@ -26,7 +26,6 @@ def token_logits(engine: Engine, features: Sequence[dict[str, Any]], field: str 
                  ) -> list[torch.Tensor]:
     """One (T_f, ...) float32 tensor per feature of the head's per-token output `field`
     ("spans": start and end logits stacked, (T_f, 2))."""
-    out: list[Any] = [None] * len(features)
 
     def head(model, batch: Batch):
         result = model.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed)
@@ -38,10 +37,7 @@ def token_logits(engine: Engine, features: Sequence[dict[str, Any]], field: str 
 
     ids = [f["input_ids"] for f in features]
     types = [f["token_type_ids"] for f in features]
-    for index, rows in engine.run(ids, types, head):
-        for i, row in zip(index, rows):
-            out[i] = row
-    return out
+    return engine.run_ordered(ids, types, head)
 
 
 @dataclass

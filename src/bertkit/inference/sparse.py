@@ -113,15 +113,9 @@ def embed_sparse(model: Engine | str | os.PathLike, texts: str | Sequence[str], 
         raise ValueError(f"top_k must be positive, got {top_k}")
     pooling = pooling or SpladePooling.read(engine.model_dir)
     texts = [prompt + text for text in as_texts(texts)] if prompt else as_texts(texts)
-    results: list[Any] = [None] * len(texts)
-
-    def head(model, batch: Batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return splade_weights(model, batch, pooling, top_k)
-
-    for index, rows in engine.run_encodings(engine.encode(texts), head):
-        for i, row in zip(index, rows):
-            results[i] = row
-    return results
+    encodings = engine.encode(texts)
+    return engine.run_ordered([e.ids for e in encodings], [e.type_ids for e in encodings],
+                              lambda model, batch: splade_weights(model, batch, pooling, top_k))
 
 
 def splade_weights(model, batch: Batch, pooling: SpladePooling, top_k: int | None

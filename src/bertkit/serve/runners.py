@@ -24,11 +24,7 @@ Ids = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one sequence
 
 
 def _run_ids(model: ServedModel, items: Sequence[Ids], head: Callable) -> list[torch.Tensor]:
-    out: list[Any] = [None] * len(items)
-    for index, rows in model.engine.run([i[0] for i in items], [i[1] for i in items], head):
-        for i, row in zip(index, rows):
-            out[i] = row
-    return out
+    return model.engine.run_ordered([i[0] for i in items], [i[1] for i in items], head)
 
 
 def run_embed(model: ServedModel, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
