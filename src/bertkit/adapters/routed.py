@@ -76,13 +76,13 @@ class Plan:
         found = self._padded.get((slots, dtype))
         if found is None:
             assert self.perm is not None
-            spans = [(start, end) for s, start, end in self.segments if s in set(slots)]
+            wanted = set(slots)
+            spans = [(start, end) for s, start, end in self.segments if s in wanted]
             n = max(end - start for start, end in spans)
             index = torch.cat([torch.cat([self.perm[start:end], self.perm[start].expand(n - (end - start))])
                                for start, end in spans])  # (K·n,)
-            mask = torch.zeros(len(spans), n, 1, dtype=dtype, device=self.perm.device)  # (K, n, 1)
-            for k, (start, end) in enumerate(spans):
-                mask[k, :end - start] = 1
+            sizes = torch.tensor([end - start for start, end in spans], device=self.perm.device)  # (K,)
+            mask = (torch.arange(n, device=self.perm.device) < sizes[:, None]).to(dtype)[..., None]  # (K, n, 1)
             found = self._padded[slots, dtype] = (index, mask)
         return found
 
