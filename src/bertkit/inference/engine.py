@@ -362,6 +362,22 @@ def sparse_encoder_length(model_dir: str | os.PathLike) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # sentence-transformers pooling files
 # ---------------------------------------------------------------------------------------------
+def sentence_transformers_modules(model_dir: str | os.PathLike) -> dict[str, str]:
+    """A sentence-transformers directory's modules.json as {module class name: its folder}
+    ({} without one); ValueError naming the file when it is not a modules list."""
+    import json
+
+    modules_file = Path(model_dir) / "modules.json"
+    if not modules_file.is_file():
+        return {}
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        return {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{modules_file} is not a sentence-transformers modules list ({err}); "
+                         "fix or remove it") from None
+
+
 @dataclass
 class Pooling:
     """How a sentence-transformers model turns token states into one vector (its own files)."""
@@ -376,15 +392,7 @@ class Pooling:
         import json
 
         root = Path(model_dir)
-        modules_file = root / "modules.json"
-        if not modules_file.is_file():
-            return None
-        try:
-            modules = json.loads(modules_file.read_text(encoding="utf-8"))
-            kinds = {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{modules_file} is not a sentence-transformers modules list ({err}); "
-                             "fix or remove it") from None
+        kinds = sentence_transformers_modules(root)
         if "Pooling" not in kinds:
             return None
         pooling_file = root / kinds["Pooling"] / "config.json"

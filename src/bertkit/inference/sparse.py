@@ -30,7 +30,7 @@ import torch
 
 from bertkit import tasks
 from bertkit.inference.common import as_texts
-from bertkit.inference.engine import Batch, Engine
+from bertkit.inference.engine import Batch, Engine, sentence_transformers_modules
 from bertkit.model import encoder_of
 
 # Token rows per vocabulary projection: 512 × 30,522 fp32 logits are 62 MB, large enough for
@@ -61,15 +61,7 @@ class SpladePooling:
         the SPLADE v2 defaults for any other masked-LM directory."""
         if model_dir is None:
             return cls()
-        modules_file = Path(model_dir) / "modules.json"
-        if not modules_file.is_file():
-            return cls()
-        try:
-            modules = json.loads(modules_file.read_text(encoding="utf-8"))
-            paths = {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{modules_file} is not a sentence-transformers modules list ({err}); "
-                             "fix or remove it") from None
+        paths = sentence_transformers_modules(model_dir)
         if "SpladePooling" not in paths:
             return cls()
         file = Path(model_dir) / paths["SpladePooling"] / "config.json"
