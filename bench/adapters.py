@@ -78,8 +78,8 @@ def redraw(source: Path, out: Path, seed: int) -> None:
 
 def merge(base: Path, adapter: Path, out: Path) -> None:
     """The adapter merged into a full copy of the base (its twin)."""
-    from bertkit.heads import BertForSequenceClassification
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.encoder.heads import BertForSequenceClassification
     from bertkit.train import lora
 
     side = json.loads((adapter / "bertkit_adapter.json").read_text())
@@ -245,8 +245,8 @@ def engine_only(base: Path, adapters: list[Path], twins: list[Path], texts: list
     import torch
 
     from bertkit.adapters import AdapterHost, mixed_logits
+    from bertkit.encoder.model import encoder_of
     from bertkit.inference import Engine
-    from bertkit.model import encoder_of
 
     torch.set_num_threads(args.threads)
     texts = texts[:640]

@@ -37,11 +37,11 @@ import torch
 
 from bertkit.data.builtin import package_file
 from bertkit.data.labelled import load_labelled
-from bertkit.fileio import atomic_write_json, atomic_write_text
 from bertkit.inference.classify import logits as classify_logits
 from bertkit.inference.engine import Engine
 from bertkit.train.distill import DistillConfig, distill
 from bertkit.train.finetune import finetune
+from bertkit.util.fileio import atomic_write_json, atomic_write_text
 
 
 def engine_scores(model_dir: Path, texts: list[str], gold: list[str], max_length: int, rounds_out: list) -> float:

@@ -35,9 +35,9 @@ import time
 import torch
 import transformers
 
-from bertkit.config import BertConfig
-from bertkit.model import BertModel
-from bertkit.packing import Packed
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.model import BertModel
+from bertkit.encoder.packing import Packed
 
 
 def fixed_batches(n: int, batch: int, length: int, vocab: int, g: torch.Generator):
@@ -106,7 +106,7 @@ def long_costs(model: BertModel, lengths: list[int], vocab: int, repeats: int) -
 def sweep_blocks(blocks: list[int], length: int, config: BertConfig, repeats: int) -> None:
     """The packed sliding-window kernel at each query block size against SDPA over the whole
     (T, T) score matrix with a band mask, on one `length`-token sequence of one layer's shape."""
-    from bertkit.modern import band_mask, local_attention
+    from bertkit.encoder.modern import band_mask, local_attention
 
     g = torch.Generator().manual_seed(4)
     nh, hs, half = config.num_attention_heads, config.head_dim, config.local_attention // 2

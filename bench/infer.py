@@ -609,8 +609,8 @@ def make_base_model(out_dir: Path, tokenizer_from: Path) -> Path:
     (BERT-base's own 30,522 WordPiece tokens), so both sides load the same weights and tokens."""
     import torch
 
-    from bertkit.config import BertConfig
-    from bertkit.model import BertModel
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.model import BertModel
     torch.manual_seed(SEED)
     config = BertConfig.preset("base", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     BertModel(config).eval().save_pretrained(out_dir)
@@ -978,7 +978,7 @@ def main(argv: list[str] | None = None) -> None:
             if w in args.workloads:
                 done[w] = runners[w](args, Path(tmp))
                 if args.json:  # what is measured so far survives a run cut short
-                    from bertkit.fileio import atomic_write_json
+                    from bertkit.util.fileio import atomic_write_json
                     atomic_write_json(args.json, {"partial": True, "peaks_before": peaks, "workloads": {
                         k: {"title": t, "rows": [asdict(r) for r in rs]} for k, (rs, t, _) in done.items()}})
     # Peaks again after the rows, the higher kept: a peak caught during a burst of other load
@@ -1001,7 +1001,7 @@ def main(argv: list[str] | None = None) -> None:
     if "a" in all_rows:
         report["speedup"] = speedups(all_rows["a"])
     if args.json:
-        from bertkit.fileio import atomic_write_json
+        from bertkit.util.fileio import atomic_write_json
         atomic_write_json(args.json, report)
         print(f"figures written to {args.json}")
     for kind, info in PEER_INFO.items():

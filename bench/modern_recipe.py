@@ -33,18 +33,18 @@ from pathlib import Path
 import torch
 
 from bertkit.cli import main as cli
-from bertkit.fileio import atomic_write_json
+from bertkit.util.fileio import atomic_write_json
 
 MODELS = ("tiny", "modern-tiny")
 
 
 def setup(out: Path, minutes: float) -> dict:
     """Vocabulary, data and the step count (once); OUT/plan.json records them."""
-    from bertkit.config import BertConfig
     from bertkit.data.corpus import as_corpus
     from bertkit.data.prepare import prepare
     from bertkit.data.shards import PretrainingData
     from bertkit.data.vocab import train_tokenizer
+    from bertkit.encoder.config import BertConfig
     from bertkit.quickstart import LANGUAGES, QuickstartConfig, fastest_threads, seconds_per_step
 
     plan_file = out / "plan.json"
@@ -69,7 +69,7 @@ def setup(out: Path, minutes: float) -> dict:
 def pretrain_and_score(out: Path, plan: dict, model: str, seed: int, steps: int, name: str) -> dict:
     """One pre-training run (resumable) and its held-out score at 15%; OUT/results/NAME.json."""
     from bertkit.data.shards import PretrainingData
-    from bertkit.model import BertForPreTraining
+    from bertkit.encoder.model import BertForPreTraining
     from bertkit.quickstart import heldout_accuracy
 
     result_file = out / "results" / f"{name}.json"

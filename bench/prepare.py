@@ -21,7 +21,7 @@ def main() -> None:
     from bertkit.data.builtin import clear_builtin_cache, package_file
     from bertkit.data.corpus import load_corpus
     from bertkit.data.prepare import prepare
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default="builtin:bbc-news")

@@ -41,11 +41,11 @@ from pathlib import Path
 
 import torch
 
-from bertkit.config import BertConfig
+from bertkit.backend.precision import matmul_rate, resolve_precision
 from bertkit.data.builtin import package_file
 from bertkit.data.prepare import prepare
 from bertkit.data.shards import PretrainingBatches, PretrainingData
-from bertkit.precision import matmul_rate, resolve_precision
+from bertkit.encoder.config import BertConfig
 from bertkit.train.optim import build_optimizer, lr_schedule
 from bertkit.train.pretrain import PretrainConfig, pretrain
 from bertkit.train.state import read_metrics
@@ -61,7 +61,7 @@ PREPARE_SEED = 0  # the prepared data stay the same whatever the training --seed
 def matmul_peak(dtype: torch.dtype) -> float:
     """Best FLOP/s of (4096 × N) @ (N × N)ᵀ, the layout of nn.Linear, for N in 768, 1024, 2048.
 
-    Each shape is `bertkit.precision.matmul_rate`: the fastest of 8 calls after a warm-up (a mean
+    Each shape is `bertkit.backend.precision.matmul_rate`: the fastest of 8 calls after a warm-up (a mean
     over a few calls read 1,820 GFLOP/s one time and 2,625 the next, bf16, 2 threads). A peak set
     too low would flatter the MFU.
     """

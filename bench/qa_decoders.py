@@ -1,6 +1,6 @@
 """Extractive-QA span decoders side by side, on the same window logits.
 
-bertkit decodes QA answers one way (`bertkit.data.tasks.qa.decode_answers`, used by `bertkit qa`,
+bertkit decodes QA answers one way (`bertkit.data.formats.qa.decode_answers`, used by `bertkit qa`,
 `bertkit predict` and fine-tuning's evaluation). This bench measures it against its two peers,
 which differ only in how spans from different windows of a long context are ranked and in how the
 "no answer" score is taken across windows:
@@ -19,7 +19,7 @@ which differ only in how spans from different windows of a long context are rank
 The model is loaded once (fp32) and each dev file's windows (384 pieces, 128 between window
 starts, questions cut to 64 pieces: fine-tuning's settings) run through it once; every decoder
 reads the same logits. v1.1 files are decoded without "no answer", v2.0 files with it. Reported:
-EM / F1 (bertkit.metrics.squad_scores) over all questions and split by contexts of 1 window vs 2+
+EM / F1 (bertkit.data.scoring.squad_scores) over all questions and split by contexts of 1 window vs 2+
 windows, how often 2 and 3 pick another top answer than 1, and where two decoders differ, on how
 many questions each scores the higher F1, with the exact sign test. Within one window the three
 rank alike, so every difference comes from the contexts of 2+ windows.
@@ -52,12 +52,12 @@ from typing import Any, Callable
 
 import torch
 
-from bertkit.data.tasks.common import max_context_owner
-from bertkit.data.tasks.qa import QAExample, QASettings, decode_answers, qa_features, read_squad, snap_to_words
-from bertkit.fileio import atomic_write_json
+from bertkit.data.formats.common import max_context_owner
+from bertkit.data.formats.qa import QAExample, QASettings, decode_answers, qa_features, read_squad, snap_to_words
+from bertkit.data.scoring import squad_scores, token_f1
 from bertkit.inference.engine import Engine
 from bertkit.inference.ner import token_logits
-from bertkit.metrics import squad_scores, token_f1
+from bertkit.util.fileio import atomic_write_json
 
 OURS, PP, PP_CLS = "1 logit-sum", "2 p*p", "3 p*p+CLS"
 PAIRS = ((OURS, PP), (OURS, PP_CLS), (PP_CLS, PP))  # sign-tested pairs

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bertkit.data.builtin import package_file, read_bbc_article
-from bertkit.fileio import atomic_write_text
+from bertkit.util.fileio import atomic_write_text
 
 MONTHS = ("January February March April May June July August September October November "
           "December").split()

@@ -278,7 +278,7 @@ def main() -> None:
     if args.peer_server:
         return run_st_server(args.peer_server, args.port, str(model), args.threads)
 
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     texts = bbc_sentences(5000)
     tokenizer = BertTokenizer.from_pretrained(model)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
 from bertkit.train import lora
 
 ALL = ("query", "key", "value", "attention.output", "intermediate", "output")

@@ -13,16 +13,16 @@ import torch
 # shape once for ~15 s, and the tests' tiny models have many shapes (tests/test_aot.py covers it).
 os.environ.setdefault("BERTKIT_INT8_KERNELS", "compile")
 
-from bertkit.config import BertConfig
-from bertkit.data.tasks.common import WordPieces
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.formats.common import WordPieces
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
 
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
     """What bertkit keeps per machine (probe rates, compiled kernels) goes to a folder of this test
     session, not the user's cache; subprocesses inherit it."""
-    from bertkit.fileio import CACHE_ENV
+    from bertkit.util.fileio import CACHE_ENV
 
     if os.environ.get(CACHE_ENV):
         yield

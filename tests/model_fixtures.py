@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.config import BertConfig
+from bertkit.encoder.config import BertConfig
 
 # Odd, distinct sizes (STYLE.md): a swapped dimension fails loudly. No dropout: outputs are exact.
 TINY = dict(hidden_size=36, num_hidden_layers=2, num_attention_heads=4, intermediate_size=53,

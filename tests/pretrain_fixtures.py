@@ -103,9 +103,9 @@ def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
 def tiny_pretrained(out, minilm_dir):
     """A tiny randomly initialised pre-training checkpoint with the MiniLM tokenizer, in `out`
     (fine-tuning's starting point in the tests)."""
-    from bertkit.config import BertConfig
-    from bertkit.model import BertForPreTraining
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.model import BertForPreTraining
 
     torch.manual_seed(0)
     BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522)).save_pretrained(out)

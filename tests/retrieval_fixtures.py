@@ -14,7 +14,7 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
 
 
 def tiny_config(**overrides):
-    from bertkit.config import BertConfig
+    from bertkit.encoder.config import BertConfig
 
     # hidden 32 in 4 heads, FFN 37, 2 layers, 41 positions: distinct sizes, as the other tests.
     return BertConfig(**{"vocab_size": len(VOCAB), "hidden_size": 32, "num_hidden_layers": 2,
@@ -23,14 +23,14 @@ def tiny_config(**overrides):
 
 
 def save_tokenizer(directory: Path) -> None:
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     BertTokenizer.from_vocab({t: i for i, t in enumerate(VOCAB)}).save_pretrained(directory)
 
 
 def tiny_encoder(directory: Path, seed: int = 0) -> Path:
     """A random BertModel with its tokenizer: a (meaningless) bi-encoder."""
-    from bertkit.model import BertModel
+    from bertkit.encoder.model import BertModel
 
     torch.manual_seed(seed)
     BertModel(tiny_config()).save_pretrained(directory)
@@ -40,7 +40,7 @@ def tiny_encoder(directory: Path, seed: int = 0) -> Path:
 
 def tiny_mlm(directory: Path, seed: int = 0) -> Path:
     """A random BertForMaskedLM with its tokenizer: a (meaningless) SPLADE model."""
-    from bertkit.model import BertForMaskedLM
+    from bertkit.encoder.model import BertForMaskedLM
 
     torch.manual_seed(seed)
     BertForMaskedLM(tiny_config()).eval().save_pretrained(directory)
@@ -49,7 +49,7 @@ def tiny_mlm(directory: Path, seed: int = 0) -> Path:
 
 
 def tiny_cross_encoder(directory: Path, seed: int = 1) -> Path:
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.encoder.heads import BertForSequenceClassification
 
     torch.manual_seed(seed)
     BertForSequenceClassification(tiny_config(id2label={0: "LABEL_0"})).save_pretrained(directory)

@@ -12,12 +12,12 @@ import torch
 
 from bertkit.adapters import AdapterError, AdapterHost, load_engine, mixed_embeddings, mixed_logits
 from bertkit.adapters.routed import RoutedLinear, Routing
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertModel
 from bertkit.inference import Engine, classify, embed, rerank
 from bertkit.inference.classify import logits as sequence_logits
 from bertkit.inference.ner import token_logits
-from bertkit.model import BertModel
-from bertkit.tokenizer import BertTokenizer
 
 from adapter_fixtures import make_adapter
 from model_fixtures import save_tiny

@@ -1,4 +1,4 @@
-"""Int8 kernels compiled ahead of time (`bertkit.inference.aot`, BERTKIT_INT8_KERNELS=aot): the
+"""Int8 kernels compiled ahead of time (`bertkit.backend.aot`, BERTKIT_INT8_KERNELS=aot): the
 same outputs as the kernels compiled in-process, kept on disk, and loaded without compiling by the
 next engine (a new process is the same: nothing in memory is reused)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertkit import fileio
-from bertkit.inference import Engine, aot, embed, int8
+from bertkit.backend import aot, int8
+from bertkit.inference import Engine, embed
+from bertkit.util import fileio
 
 from retrieval_fixtures import tiny_encoder
 

@@ -53,7 +53,7 @@ def test_encode_of_a_plain_bert_dir_matches_sentence_transformers_defaults(tmp_p
     normalize_embeddings=True unit length, as ST."""
     from sentence_transformers import SentenceTransformer
 
-    from bertkit.model import BertModel
+    from bertkit.encoder.model import BertModel
 
     torch.manual_seed(0)
     BertModel(tiny_config()).save_pretrained(tmp_path)
@@ -69,8 +69,12 @@ def test_encode_of_a_plain_bert_dir_matches_sentence_transformers_defaults(tmp_p
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory):
     """A random tiny checkpoint of every head, with a tokenizer."""
-    from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-    from bertkit.model import BertForMaskedLM
+    from bertkit.encoder.heads import (
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bertkit.encoder.model import BertForMaskedLM
 
     root = tmp_path_factory.mktemp("heads")
     config = tiny_config()
@@ -83,7 +87,7 @@ def heads(tmp_path_factory):
     for name, model in models.items():
         model.save_pretrained(root / name)
         save_tokenizer(root / name)
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(root / "rerank")
     tokenizer.model_max_length = 20  # what finetune --task rerank writes: its trained pair length
@@ -171,7 +175,7 @@ def test_sentence_transformers_6_pooling_files_are_read(tmp_path):
 
     from sentence_transformers import SentenceTransformer, models
 
-    from bertkit.model import BertModel
+    from bertkit.encoder.model import BertModel
 
     torch.manual_seed(0)
     BertModel(tiny_config()).save_pretrained(tmp_path / "bert")

@@ -9,10 +9,10 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from bertkit import heads
-from bertkit.checkpoint import CheckpointError
-from bertkit.config import BertConfig
-from bertkit.model import BertForPreTraining, BertModel
+from bertkit.encoder import heads
+from bertkit.encoder.checkpoint import CheckpointError
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.model import BertForPreTraining, BertModel
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

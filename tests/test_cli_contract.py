@@ -192,10 +192,14 @@ def not_applicable(command: str, spec: Spec) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> dict[str, Path]:
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-    from bertkit.model import BertForPreTraining
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.heads import (
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bertkit.encoder.model import BertForPreTraining
     from bertkit.train import finetune as ft
 
     before = torch.get_num_threads()

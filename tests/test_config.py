@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bertkit.config import BertConfig
+from bertkit.encoder.config import BertConfig
 
 
 def test_reads_a_real_config_and_keeps_extra_keys(minilm_dir, tmp_path):

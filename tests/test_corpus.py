@@ -10,7 +10,7 @@ import pytest
 
 from bertkit.data.builtin import BUILTIN_CORPORA, peoples_daily_words
 from bertkit.data.corpus import Corpus, load_builtin, load_corpus
-from bertkit.text import split_sentences
+from bertkit.util.text import split_sentences
 
 
 def test_english_sentences_keep_abbreviations_together():

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit.config import BertConfig
-from bertkit.heads import BertForSequenceClassification, BertForTokenClassification
-from bertkit.model import BertForMaskedLM, BertForPreTraining
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining
 from bertkit.train import distill as ds
 from bertkit.train import state
 
@@ -195,7 +195,7 @@ def test_ner_task_distillation_with_unlabeled_text(tmp_path, minilm_dir):
 
     # the soft loss over all 24 features (dropout off), before and after: batches differ in their
     # mix of labelled and unlabeled rows, so single steps are not comparable
-    from bertkit.data.tasks.common import pad_batch
+    from bertkit.data.formats.common import pad_batch
     from bertkit.train import finetune as ft
 
     teacher_model = BertForTokenClassification.from_pretrained(teacher)

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit import checkpoint, cli, tasks
-from bertkit.config import BertConfig
+from bertkit import cli
 from bertkit.data.corpus import CorpusStats
 from bertkit.data.report import DataReport, plural, read_text
-from bertkit.fileio import check_writable_output
-from bertkit.heads import BertForSequenceClassification
-from bertkit.model import BertForPreTraining, BertModel
+from bertkit.encoder import checkpoint, tasks
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForSequenceClassification
+from bertkit.encoder.model import BertForPreTraining, BertModel
+from bertkit.util.fileio import check_writable_output
 
 
 def tiny() -> BertConfig:
@@ -85,7 +86,7 @@ def test_predict_on_a_model_without_labels_or_of_another_kind(tmp_path):
     values = json.loads((bare / "config.json").read_text())
     del values["architectures"]
     (bare / "config.json").write_text(json.dumps(values))
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in
                                                 ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
@@ -156,7 +157,7 @@ def test_pretrain_rejects_a_mistyped_model_arg_before_reading_data():
 
 # ------------------------------------------------------------------ item 6: non-UTF-8 task files
 def test_task_files_name_file_line_and_column_of_a_bad_byte(tmp_path):
-    from bertkit.data.tasks import classify, ner, qa
+    from bertkit.data.formats import classify, ner, qa
 
     path = tmp_path / "train.csv"
     path.write_bytes(b"text,label\ngood,pos\ncaf\xe9,neg\n")
@@ -182,7 +183,7 @@ def _utf8_with_bom(tmp_path: Path) -> Path:
 
 # ------------------------------------------------------------------ item 10: the smaller ones
 def test_info_checks_weights_and_refuses_vocab_size_for_a_model(tmp_path):
-    from bertkit.summary import format_parameter_table
+    from bertkit.encoder.summary import format_parameter_table
 
     BertModel(tiny()).save_pretrained(tmp_path)
     assert "total" in format_parameter_table(tmp_path)
@@ -202,7 +203,7 @@ def test_hub_ids_are_told_nothing_is_downloaded():
         BertModel.from_pretrained("bert-base-uncased")
     with pytest.raises(ValueError, match="never downloads"):
         BertConfig.resolve("bert-base-uncased")
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     with pytest.raises(FileNotFoundError, match="never downloads"):
         BertTokenizer.from_pretrained("bert-base-uncased")
@@ -227,7 +228,7 @@ def test_plot_draws_a_finetune_run_and_keeps_an_existing_image(tmp_path):
 
 
 def test_squad_eval_answer_at_a_wrong_offset_is_reported(tmp_path):
-    from bertkit.data.tasks import qa
+    from bertkit.data.formats import qa
 
     data = {"version": "v1.1", "data": [{"paragraphs": [{"context": "Paris is in France.", "qas": [
         {"id": "q1", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 3}]},

@@ -15,11 +15,11 @@ import torch
 import transformers
 
 from bertkit.data.masking import mask_text
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM
 from bertkit.explore import Explorer, ViewError, views
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity
-from bertkit.model import BertForMaskedLM
-from bertkit.tokenizer import BertTokenizer
 
 from model_fixtures import save_tiny
 

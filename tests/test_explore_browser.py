@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM
 from bertkit.explore import Explorer, build_app
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertkit.inference import classify, fill_mask, ner, qa, rerank, similarity
-from bertkit.model import BertForMaskedLM
-from bertkit.tokenizer import BertTokenizer
 
 from model_fixtures import save_tiny
 from web_fixtures import running_app

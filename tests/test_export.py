@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from bertkit import cli
-from bertkit.config import BertConfig
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM, BertModel
 from bertkit.export import export, need_tools, run_exported
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertkit.inference import embed
-from bertkit.model import BertForMaskedLM, BertModel
-from bertkit.tokenizer import BertTokenizer
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertkit.config import BertConfig
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
-from bertkit.packing import Packed
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.encoder.packing import Packed
 
 transformers = pytest.importorskip("transformers")
 
@@ -251,7 +251,7 @@ def test_fine_tuning_gradients_match(family, tmp_path):
     ours.train()
     theirs(**hf_inputs(family, b), labels=labels).loss.backward()
     ours(**b, labels=labels).loss.backward()
-    from bertkit.checkpoint import to_hf_state_dict
+    from bertkit.encoder.checkpoint import to_hf_state_dict
 
     grads = to_hf_state_dict({n: p.grad for n, p in ours.named_parameters()}, ours.config)
     reference = {n: p.grad for n, p in theirs.named_parameters()}

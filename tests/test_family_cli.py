@@ -116,9 +116,9 @@ def test_qa_windows_lay_out_as_the_tokenizers_own_pairs(family, checkpoints):
     feeds its QA models (RoBERTa: `<s> q </s></s> passage </s>`, one segment)."""
     import transformers
 
-    from bertkit.data.tasks.common import WordPieces
-    from bertkit.data.tasks.qa import QAExample, QASettings, qa_features
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.formats.common import WordPieces
+    from bertkit.data.formats.qa import QAExample, QASettings, qa_features
+    from bertkit.data.tokenizer import BertTokenizer
 
     question, context = "What is the capital?", "Paris is the capital of France."
     pieces = WordPieces.of(BertTokenizer.from_pretrained(checkpoints[family]))

@@ -12,7 +12,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
 
 from family_fixtures import albert_tokenizer_dir
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bertkit.data.scoring import squad_scores
+from bertkit.data.tokenizer import BertTokenizer
 from bertkit.inference.jobs import predict_file
-from bertkit.metrics import squad_scores
-from bertkit.tokenizer import BertTokenizer
 from bertkit.train import finetune as ft
 
 from pretrain_fixtures import tiny_pretrained
@@ -94,7 +94,7 @@ def test_classify_end_to_end_with_transformers_parity(tmp_path, base_dir):
     assert (out / "vocab.txt").is_file() and (out / "eval.json").is_file()
 
     # the output loads in transformers with the same logits
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.encoder.heads import BertForSequenceClassification
     tok = BertTokenizer.from_pretrained(out)
     batch = tok(["a great film", "the plot was awful and very poor"], padding=True, return_tensors="pt")
     ours = BertForSequenceClassification.from_pretrained(out).eval()
@@ -179,7 +179,7 @@ def test_ner_end_to_end_with_transformers_parity(tmp_path, base_dir):
 
     tok = BertTokenizer.from_pretrained(out)
     batch = tok(["john lives in new york", "anna"], padding=True, return_tensors="pt")
-    from bertkit.heads import BertForTokenClassification
+    from bertkit.encoder.heads import BertForTokenClassification
     with torch.no_grad():
         mine = BertForTokenClassification.from_pretrained(out).eval()(**batch).logits  # (2, T, 5)
     theirs = transformers_logits("BertForTokenClassification", out, batch)
@@ -200,7 +200,7 @@ def test_ner_end_to_end_with_transformers_parity(tmp_path, base_dir):
     rows = [json.loads(line) for line in (tmp_path / "tags.jsonl").read_text().splitlines()]
     gold = [r["tags"] for r in ner_rows(30, 2)]
     assert [r["tokens"] for r in rows] == [r["tokens"] for r in ner_rows(30, 2)]
-    from bertkit.metrics import entity_scores
+    from bertkit.data.scoring import entity_scores
     assert entity_scores([r["tags"] for r in rows], gold).f1 == pytest.approx(result["eval"]["f1"])
 
 
@@ -239,7 +239,7 @@ def test_qa_end_to_end_with_transformers_parity(tmp_path, base_dir, v2):
 
     tok = BertTokenizer.from_pretrained(out)
     batch = tok(["what is the capital ?"], ["film the capital is rome ."], return_tensors="pt")
-    from bertkit.heads import BertForQuestionAnswering
+    from bertkit.encoder.heads import BertForQuestionAnswering
     with torch.no_grad():
         mine = BertForQuestionAnswering.from_pretrained(out).eval()(**batch)
     for field in ("start_logits", "end_logits"):
@@ -263,7 +263,7 @@ def test_qa_end_to_end_with_transformers_parity(tmp_path, base_dir, v2):
     task = ft.QATask(ft.FinetuneConfig(**json.loads((out / "finetune_config.json").read_text())),
                      BertTokenizer.from_pretrained(out))
     examples, _ = task.read(str(dev), training=False)
-    from bertkit.heads import BertForQuestionAnswering as QA
+    from bertkit.encoder.heads import BertForQuestionAnswering as QA
     assert task.answers(QA.from_pretrained(out), examples) == predictions
 
 
@@ -325,7 +325,7 @@ def test_a_crash_keeps_the_finished_epochs(tmp_path, base_dir, monkeypatch):
     assert "disk on fire" in summary["error"]
     assert len(epochs_of(out)) == 1 and epochs_of(out)[0]["saved"]
     # the epoch-1 model is complete and loads
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.encoder.heads import BertForSequenceClassification
     BertForSequenceClassification.from_pretrained(out)
 
 

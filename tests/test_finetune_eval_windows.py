@@ -7,12 +7,12 @@ import importlib
 import pytest
 import torch
 
-from bertkit.config import BertConfig
-from bertkit.data.tasks import classify
-from bertkit.heads import BertForSequenceClassification
+from bertkit.data.formats import classify
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForSequenceClassification
 from bertkit.inference import Engine
 from bertkit.inference.jobs import predict_file
-from bertkit.tokenizer import BertTokenizer
 from bertkit.train.finetune import ClassifyTask, FinetuneConfig
 
 # The module, not the function of the same name that bertkit.inference exports.

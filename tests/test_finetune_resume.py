@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit.config import BertConfig
-from bertkit.model import BertForPreTraining
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.model import BertForPreTraining
 from bertkit.train import finetune as ft
 from bertkit.train import state
 from bertkit.train.finetune import loop

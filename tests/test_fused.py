@@ -1,4 +1,4 @@
-"""bertkit.fused: the oneDNN linear + bias + activation / residual path equals the unfused one,
+"""bertkit.encoder.fused: the oneDNN linear + bias + activation / residual path equals the unfused one,
 and is taken only where it is sound (no autograd, plain nn.Linear, CPU)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import fused
+from bertkit.encoder import fused
 
 
 @pytest.fixture

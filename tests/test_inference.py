@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM, BertModel
 from bertkit.inference import Engine, classify, embed, fill_mask, ner, qa, rerank, token_budget_batches
-from bertkit.model import BertForMaskedLM, BertModel
-from bertkit.tokenizer import BertTokenizer
 
 from model_fixtures import save_tiny
 
@@ -126,7 +126,7 @@ def test_bf16_and_int8_stay_within_their_stated_tolerances(minilm_dir):
 
 
 def test_int8_linear_matches_float_linear_closely():
-    from bertkit.inference.int8 import Int8Linear
+    from bertkit.backend.int8 import Int8Linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
@@ -243,7 +243,7 @@ NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
 def test_ner_logits_match_transformers_and_entities_are_valid_spans(tokenizer, tmp_path):
-    from bertkit.data.tasks.ner import NerSentence, ner_features, split_words
+    from bertkit.data.formats.ner import NerSentence, ner_features, split_words
     from bertkit.inference.ner import token_logits
 
     save_tiny(BertForTokenClassification, tokenizer, tmp_path, id2label=NER_LABELS)
@@ -263,7 +263,7 @@ def test_ner_logits_match_transformers_and_entities_are_valid_spans(tokenizer, t
 
 
 def test_constrained_decoding_never_starts_an_entity_with_inside():
-    from bertkit.data.tasks.ner import constrained_decode
+    from bertkit.data.formats.ner import constrained_decode
 
     names = list(NER_LABELS.values())
     # per word, an argmax would read O I-PER I-PER O (two invalid I- starts)
@@ -291,7 +291,7 @@ def test_ner_on_text_longer_than_the_model_uses_windows(tokenizer, tmp_path):
 # qa
 # ---------------------------------------------------------------------------------------------
 def test_qa_answers_are_whole_words_with_scores_and_offsets(tokenizer, tmp_path):
-    from bertkit.data.tasks.qa import QAExample, QASettings, qa_features
+    from bertkit.data.formats.qa import QAExample, QASettings, qa_features
     from bertkit.inference.ner import token_logits
 
     save_tiny(BertForQuestionAnswering, tokenizer, tmp_path)
@@ -381,7 +381,7 @@ def test_encoder_from_a_head_model_embeds_like_the_base_model(tokenizer, tmp_pat
 
 
 def test_compiled_int8_kernels_equal_the_eager_ones():
-    from bertkit.inference import int8
+    from bertkit.backend import int8
 
     quantize, dequantize, linear = int8._KERNELS.get()
     if quantize is int8.quantize_rows:
@@ -424,8 +424,8 @@ def test_fused_int8_feed_forward_equals_the_layers_own(minilm_dir, monkeypatch):
     """Int8EncoderLayer's block-by-block feed-forward (dequantize + GELU + quantize fused) gives the
     unfused int8 layer's output within one quantization step, compiled or eager, and a row's
     result does not depend on the rows around it."""
-    from bertkit.inference import int8
-    from bertkit.model import EncoderLayer
+    from bertkit.backend import int8
+    from bertkit.encoder.model import EncoderLayer
 
     layer = Engine.load(minilm_dir, precision="int8").model.layers[2]
     assert type(layer) is int8.Int8EncoderLayer

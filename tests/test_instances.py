@@ -19,8 +19,8 @@ from bertkit.data.instances import (
     tokenize_documents,
     truncate_seq_pair,
 )
+from bertkit.data.tokenizer import BertTokenizer
 from bertkit.data.vocab import train_tokenizer
-from bertkit.tokenizer import BertTokenizer
 
 CLS, SEP = 1, 2
 FIRST_ID = 10  # ids below are "special" in the traceable corpus

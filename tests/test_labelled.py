@@ -8,6 +8,8 @@ import json
 import pytest
 
 from bertkit.data import labelled
+from bertkit.data.formats.classify import read_classify
+from bertkit.data.formats.ner import read_ner, tag_problem
 from bertkit.data.labelled import (
     char_bio,
     entity_words,
@@ -17,8 +19,6 @@ from bertkit.data.labelled import (
     split_items,
     write_labelled,
 )
-from bertkit.data.tasks.classify import read_classify
-from bertkit.data.tasks.ner import read_ner, tag_problem
 
 
 def keys(name, split):

@@ -14,11 +14,11 @@ import random
 import pytest
 import torch
 
-from bertkit.config import BertConfig
-from bertkit.heads import BertForSequenceClassification
-from bertkit.model import BertForPreTraining
-from bertkit.packing import Packed
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForSequenceClassification
+from bertkit.encoder.model import BertForPreTraining
+from bertkit.encoder.packing import Packed
 from bertkit.train import finetune as ft
 from bertkit.train import lora
 from bertkit.train import state as train_state

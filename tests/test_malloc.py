@@ -1,4 +1,4 @@
-"""bertkit.malloc: an engine's batch buffers come back without new page faults (glibc only)."""
+"""bertkit.backend.malloc: an engine's batch buffers come back without new page faults (glibc only)."""
 
 import os
 import platform
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 PROBE = """
 import resource, sys
 from bertkit.inference import Engine, embed
-from bertkit.malloc import keep_freed_memory
+from bertkit.backend.malloc import keep_freed_memory
 engine = Engine.load(sys.argv[1], max_batch_tokens=8192)
 texts = [" ".join(["word"] * 126)] * 64  # 64 × 128 tokens
 for _ in range(2):

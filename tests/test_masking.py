@@ -21,8 +21,8 @@ from bertkit.data.masking import (
     mask_tokens,
 )
 from bertkit.data.shards import collate
+from bertkit.data.tokenizer import BertTokenizer
 from bertkit.data.vocab import train_tokenizer
-from bertkit.tokenizer import BertTokenizer
 
 
 def _batch(documents, tokenizer, whole_word_mask, max_seq_len=128):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertkit.metrics import (
+from bertkit.data.scoring import (
     Entity,
     accuracy,
     cjk_tokens,

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from bertkit import heads
-from bertkit.checkpoint import to_hf_state_dict
-from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.encoder import heads
+from bertkit.encoder.checkpoint import to_hf_state_dict
+from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
 
 TOL = 1e-5
 
@@ -212,7 +212,7 @@ def test_bad_inputs_are_named(tiny_config, padded_batch, change, message):
 
 def test_packed_forward_equals_each_sequence_alone(tiny_config):
     """forward_packed (the inference engine's layout: no padding anywhere) = forward per sequence."""
-    from bertkit.packing import Packed
+    from bertkit.encoder.packing import Packed
 
     torch.manual_seed(0)
     model = BertModel(tiny_config).eval()
@@ -238,8 +238,8 @@ def test_key_windows_equal_attention_over_each_sequence_alone(tiny_config):
     """Packed attention through overlapping key windows (lengths 1–13 short of a multiple of 16)
     equals SDPA over each sequence alone, windows at the end of the rows included, and a
     sequence's output is bit-identical whatever its neighbours are."""
-    from bertkit.model import EncoderLayer
-    from bertkit.packing import Packed, key_windows
+    from bertkit.encoder.model import EncoderLayer
+    from bertkit.encoder.packing import Packed, key_windows
 
     torch.manual_seed(0)
     layer = EncoderLayer(tiny_config).eval()
@@ -289,7 +289,7 @@ def test_first_only_equals_the_full_last_layer(tiny_config, padded_batch, padded
 
 
 def test_packed_first_only_equals_the_packed_first_rows(tiny_config):
-    from bertkit.packing import Packed
+    from bertkit.encoder.packing import Packed
 
     torch.manual_seed(13)
     model = heads.BertForSequenceClassification(tiny_config.replace(num_labels=3)).eval()

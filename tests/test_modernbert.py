@@ -13,12 +13,12 @@ import json
 import pytest
 import torch
 
-from bertkit.checkpoint import to_hf_state_dict
-from bertkit.config import BertConfig
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertkit.model import BertForMaskedLM, BertModel
-from bertkit.modern import local_attention
-from bertkit.packing import Packed
+from bertkit.encoder.checkpoint import to_hf_state_dict
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM, BertModel
+from bertkit.encoder.modern import local_attention
+from bertkit.encoder.packing import Packed
 
 transformers = pytest.importorskip("transformers")
 

@@ -122,7 +122,7 @@ def test_ner_and_qa_uses_equal_transformers(tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     with torch.no_grad():
         theirs = model(**tokenizer([TEXTS[1]], return_tensors="pt")).logits[0]
-    from bertkit.packing import Packed
+    from bertkit.encoder.packing import Packed
 
     ids = torch.tensor(engine.encode([TEXTS[1]])[0].ids)
     with torch.no_grad():
@@ -160,7 +160,7 @@ def test_finetune_then_predict_match_transformers(mlm_dir, tmp_path):
 
 def test_lora_on_modernbert_names_loads_in_peft(tmp_path):
     peft = pytest.importorskip("peft")
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.encoder.heads import BertForSequenceClassification
     from bertkit.train import lora
 
     base = make_modernbert(tmp_path / "base", kind="ForSequenceClassification", num_labels=2)

@@ -96,7 +96,7 @@ def test_albert_pretrains_with_sop_and_loads_in_transformers(corpus_and_tokenize
     assert json.loads((saved / "config.json").read_text())["architectures"] == ["AlbertForPreTraining"]
     theirs, info = transformers.AlbertForPreTraining.from_pretrained(saved, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    from bertkit.model import BertForPreTraining
+    from bertkit.encoder.model import BertForPreTraining
 
     ours = BertForPreTraining.from_pretrained(saved)
     ids = torch.randint(5, 99, (2, 11))

@@ -1,10 +1,10 @@
-"""The training kernels of bertkit.ops against PyTorch's own."""
+"""The training kernels of bertkit.encoder.ops against PyTorch's own."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit import ops
+from bertkit.encoder import ops
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bertkit.model import BertForPreTraining
+from bertkit.encoder.model import BertForPreTraining
 from bertkit.train.optim import build_optimizer, lr_lambda, lr_schedule, param_groups
 
 

@@ -1,4 +1,4 @@
-"""bertkit.precision: "auto" is decided by a measured matmul rate, never by CPU flags."""
+"""bertkit.backend.precision: "auto" is decided by a measured matmul rate, never by CPU flags."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 
-from bertkit import fileio, precision
+from bertkit.backend import precision
+from bertkit.util import fileio
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +52,7 @@ def test_matmul_rate_rejects_bad_sizes():
 ])
 def test_auto_picks_the_measured_fastest(monkeypatch, caplog, fp32, bf16, expected):
     fake_rates(monkeypatch, {torch.float32: fp32, torch.bfloat16: bf16})
-    with caplog.at_level(logging.INFO, logger="bertkit.precision"):
+    with caplog.at_level(logging.INFO, logger="bertkit.backend.precision"):
         assert precision.resolve_precision("auto", "cpu") == expected
     other = "fp32" if expected == "bf16" else "bf16"
     assert f"precision auto: {expected}" in caplog.text

@@ -12,8 +12,8 @@ from bertkit import cli
 from bertkit.data.corpus import Corpus, load_corpus
 from bertkit.data.prepare import prepare
 from bertkit.data.shards import PretrainingBatches, PretrainingData
+from bertkit.data.tokenizer import BertTokenizer
 from bertkit.data.vocab import train_tokenizer
-from bertkit.tokenizer import BertTokenizer
 
 
 @pytest.fixture(scope="module")

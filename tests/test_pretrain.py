@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit.distributed import DistInfo
 from bertkit.train import state
 from bertkit.train.pretrain import PretrainConfig, Trainer, TrainingDiverged, pretrain
+from bertkit.util.distributed import DistInfo
 
 from pretrain_fixtures import make_data, one_thread, run_cli, train_losses, write_model_config  # noqa: F401
 
@@ -85,7 +85,7 @@ def test_run_directory_layout(trained_run, data_dir):
 def test_checkpoint_gives_transformers_the_same_mlm_logits(trained_run, data_dir):
     transformers = pytest.importorskip("transformers")
     from bertkit.data.shards import PretrainingBatches, PretrainingData
-    from bertkit.model import BertForPreTraining
+    from bertkit.encoder.model import BertForPreTraining
 
     run_dir, _ = trained_run
     ours = BertForPreTraining.from_pretrained(run_dir / "model").eval()
@@ -143,7 +143,7 @@ def test_non_finite_steps_are_skipped_then_stop_without_saving(data_dir, model_j
                                                                monkeypatch, caplog):
     from safetensors.torch import load_file
 
-    from bertkit.model import BertForPreTraining
+    from bertkit.encoder.model import BertForPreTraining
 
     original = BertForPreTraining.forward
     calls = {"n": 0}
@@ -173,7 +173,7 @@ def test_non_finite_steps_are_skipped_then_stop_without_saving(data_dir, model_j
 
 
 def test_save_refuses_a_non_finite_model(trained_run, tmp_path):
-    from bertkit.model import BertForPreTraining
+    from bertkit.encoder.model import BertForPreTraining
 
     run_dir, _ = trained_run
     model = BertForPreTraining.from_pretrained(run_dir / "model")

@@ -43,8 +43,8 @@ def test_result_and_files(demo):
 
 
 def test_pretrains_mlm_only_without_dropout_and_saves_bert_dropout(demo):
-    from bertkit.config import BertConfig
     from bertkit.data.shards import PretrainingData
+    from bertkit.encoder.config import BertConfig
 
     out, _, _ = demo
     assert not PretrainingData(out / "data", "train").nsp
@@ -84,7 +84,7 @@ def test_too_few_steps_note_names_the_fix():
 
 def test_heldout_examples_mask_a_real_character(demo):
     from bertkit.data.shards import PretrainingData
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     out, _, _ = demo
     examples = qs.heldout_examples(PretrainingData(out / "data", "eval"),

@@ -191,8 +191,8 @@ def test_rerank_weight_mixes_the_two_stages(tmp_path, models):
 
 
 def test_reranker_reads_pairs_at_its_trained_length(tmp_path, models):
+    from bertkit.data.tokenizer import BertTokenizer
     from bertkit.retrieval.search import load_reranker
-    from bertkit.tokenizer import BertTokenizer
 
     assert load_reranker(models["cross"]).max_length == 41  # no trained length: the model's limit
     trained = tmp_path / "trained"

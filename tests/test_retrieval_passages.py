@@ -31,7 +31,7 @@ def long_documents(n: int, seed: int = 0) -> list[str]:
 
 
 def test_passages_fit_cover_and_end_at_sentences(bi):
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     tok = BertTokenizer.from_pretrained(bi)
     text = long_documents(1, seed=3)[0]
@@ -92,7 +92,7 @@ def test_late_chunking_pools_each_passage_from_its_window(tmp_path, bi):
     rows = [json.loads(line) for line in (tmp_path / "ix" / "passages.jsonl").read_text().splitlines()]
     assert len(rows) == len(index.vectors) and any(r["w0"] != r["t0"] for r in rows)
     reference = BertModel.from_pretrained(bi).eval()
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     tok = BertTokenizer.from_pretrained(bi)
     for i, r in enumerate(rows):
@@ -163,7 +163,7 @@ def test_cli_index_passages_and_search_input_file(tmp_path, bi, capsys):
 def test_deep_split_asks_for_a_removed_sentence_of_the_second_half():
     from bertkit.data.builtin import package_file, read_bbc_article
     from bertkit.retrieval.datasets import load_retrieval
-    from bertkit.text import split_sentences
+    from bertkit.util.text import split_sentences
 
     data = load_retrieval("en-news-deep")
     assert len(data.corpus) > 2000 and sum(map(len, data.queries.values())) == len(data.corpus)

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from bertkit.encoder.model import BertForMaskedLM
 from bertkit.inference.sparse import embed_sparse
-from bertkit.model import BertForMaskedLM
 from bertkit.retrieval.bm25 import BM25
 from bertkit.retrieval.fusion import rrf, zscore
 from bertkit.retrieval.index import build_index, open_index
@@ -97,7 +97,7 @@ def test_three_way_hybrid_fuses_dense_bm25_and_sparse_over_the_union(built, fusi
 
 def test_a_vocabulary_mismatch_or_another_model_is_refused_naming_both(built, tmp_path, minilm_dir, capsys):
     from bertkit import cli
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     root, _, models = built
     other_vocab = save_tiny(BertForMaskedLM, BertTokenizer.from_pretrained(minilm_dir), tmp_path / "en")

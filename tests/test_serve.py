@@ -28,11 +28,11 @@ import pytest
 import torch
 
 from bertkit import cli
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertkit.encoder.model import BertForMaskedLM
 from bertkit.inference import classify, embed, fill_mask, ner, qa, rerank
-from bertkit.model import BertForMaskedLM
 from bertkit.serve import Limits, Service, build_app, load_model
-from bertkit.tokenizer import BertTokenizer
 
 from model_fixtures import save_tiny
 from web_fixtures import running_app
@@ -439,7 +439,7 @@ def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
 
 
 def test_listening_socket_is_tcp_so_answers_are_sent_without_nagle_delay():
-    from bertkit.web import listen
+    from bertkit.util.web import listen
 
     sock = listen("127.0.0.1", 0)
     try:  # asyncio sets TCP_NODELAY on accepted sockets only when proto says TCP

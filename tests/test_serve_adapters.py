@@ -14,12 +14,12 @@ import httpx
 import numpy as np
 import pytest
 
-from bertkit.heads import BertForSequenceClassification
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForSequenceClassification
+from bertkit.encoder.model import BertModel
 from bertkit.inference import Engine, classify, embed
-from bertkit.model import BertModel
 from bertkit.serve import Limits, Service, build_app, load_model
 from bertkit.serve.adapters import ServedAdapters, parse_adapter_args
-from bertkit.tokenizer import BertTokenizer
 
 from adapter_fixtures import make_adapter
 from model_fixtures import save_tiny

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from bertkit import cli
-from bertkit.heads import BertForSequenceClassification
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForSequenceClassification
+from bertkit.encoder.model import BertModel
 from bertkit.inference import Engine, classify, embed, rerank
-from bertkit.model import BertModel
 from bertkit.serve import Limits, Service, build_app, load_model, openapi, parse_served_names
-from bertkit.tokenizer import BertTokenizer
 
 from model_fixtures import save_tiny
 from web_fixtures import running_app

@@ -19,11 +19,11 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402  (after the skip: a test dependency)
 from schemathesis import GenerationMode  # noqa: E402
 
-from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
-from bertkit.model import BertForMaskedLM  # noqa: E402
+from bertkit.data.tokenizer import BertTokenizer  # noqa: E402
+from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
+from bertkit.encoder.model import BertForMaskedLM  # noqa: E402
 from bertkit.serve import Limits, Service, build_app, load_model  # noqa: E402
 from bertkit.serve.app import ROUTES  # noqa: E402
-from bertkit.tokenizer import BertTokenizer  # noqa: E402
 
 from model_fixtures import save_tiny  # noqa: E402
 from web_fixtures import running_app  # noqa: E402

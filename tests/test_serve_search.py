@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from bertkit.heads import BertForSequenceClassification
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.heads import BertForSequenceClassification
 from bertkit.inference import Engine
 from bertkit.retrieval import Searcher, build_index
 from bertkit.serve import Limits, Service, build_app, load_model
 from bertkit.serve.search import load_indexes, parse_index_args
-from bertkit.tokenizer import BertTokenizer
 
 from model_fixtures import save_tiny
 from retrieval_fixtures import tiny_encoder, write_corpus

@@ -6,7 +6,7 @@ import pytest
 import transformers
 
 from bertkit.cli import main
-from bertkit.summary import build_for_info, parameter_rows
+from bertkit.encoder.summary import build_for_info, parameter_rows
 
 
 @pytest.mark.parametrize("preset,vocab,expected", [

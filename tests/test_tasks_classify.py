@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bertkit.data.tasks.classify import (
+from bertkit.data.formats.classify import (
     ClassifyColumns,
     ClassifyExample,
     LabelSpace,
@@ -16,7 +16,7 @@ from bertkit.data.tasks.classify import (
     classify_features,
     read_classify,
 )
-from bertkit.data.tasks.common import window_spans
+from bertkit.data.formats.common import window_spans
 
 
 def test_csv_bad_rows_are_counted_skipped_and_located(tmp_path):

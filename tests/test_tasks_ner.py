@@ -7,9 +7,8 @@ import json
 import pytest
 import torch
 
-from bertkit.data.report import IGNORE_INDEX
-from bertkit.data.tasks.common import max_context_owner
-from bertkit.data.tasks.ner import (
+from bertkit.data.formats.common import max_context_owner
+from bertkit.data.formats.ner import (
     NerSentence,
     detect_scheme,
     entities_with_offsets,
@@ -22,6 +21,7 @@ from bertkit.data.tasks.ner import (
     stitch_predictions,
     tag_problem,
 )
+from bertkit.data.report import IGNORE_INDEX
 
 
 def test_conll_tab_and_space_columns_docstart_and_blank_lines(tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bertkit.data.tasks.qa import QAExample, QASettings, decode_answers, qa_features, read_squad
+from bertkit.data.formats.qa import QAExample, QASettings, decode_answers, qa_features, read_squad
 
 
 def squad_file(path, qas, context, version="1.1"):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bertkit.data.corpus import Corpus, load_corpus
+from bertkit.data.tokenizer import SPECIAL_TOKENS, BertTokenizer
 from bertkit.data.vocab import train_tokenizer
-from bertkit.tokenizer import SPECIAL_TOKENS, BertTokenizer
 
 transformers = pytest.importorskip("transformers")
 

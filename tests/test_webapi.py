@@ -1,4 +1,4 @@
-"""bertkit.webapi: one line per bad request naming the field, and an OpenAPI 3.1 document made
+"""bertkit.util.webapi: one line per bad request naming the field, and an OpenAPI 3.1 document made
 from the same models."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pydantic")
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
-from bertkit.webapi import Operation, RequestError, document, parse  # noqa: E402
+from bertkit.util.webapi import Operation, RequestError, document, parse  # noqa: E402
 
 
 class Inner(BaseModel):

@@ -19,7 +19,7 @@ def running_app(app, wait: float = 20.0) -> Iterator[str]:
     """
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see bertkit.web.listen
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see bertkit.util.web.listen
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

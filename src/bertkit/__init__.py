@@ -25,14 +25,14 @@ _EXPORTS = {
     "load_adapters": "bertkit.api",
     "Model": "bertkit.api",
     "Engine": "bertkit.inference",
-    "BertConfig": "bertkit.config",
-    "BertTokenizer": "bertkit.tokenizer",
-    "BertModel": "bertkit.model",
-    "BertForMaskedLM": "bertkit.model",
-    "BertForPreTraining": "bertkit.model",
-    "BertForSequenceClassification": "bertkit.heads",
-    "BertForTokenClassification": "bertkit.heads",
-    "BertForQuestionAnswering": "bertkit.heads",
+    "BertConfig": "bertkit.encoder.config",
+    "BertTokenizer": "bertkit.data.tokenizer",
+    "BertModel": "bertkit.encoder.model",
+    "BertForMaskedLM": "bertkit.encoder.model",
+    "BertForPreTraining": "bertkit.encoder.model",
+    "BertForSequenceClassification": "bertkit.encoder.heads",
+    "BertForTokenClassification": "bertkit.encoder.heads",
+    "BertForQuestionAnswering": "bertkit.encoder.heads",
 }
 
 __all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "BertConfig", "BertTokenizer", "BertModel",
@@ -41,11 +41,15 @@ __all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "BertConfi
 
 if TYPE_CHECKING:
     from bertkit.api import Model, load, load_adapters
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.heads import (
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
     from bertkit.inference import Engine
-    from bertkit.model import BertForMaskedLM, BertForPreTraining, BertModel
-    from bertkit.tokenizer import BertTokenizer
 
 
 def __getattr__(name: str) -> Any:

@@ -30,12 +30,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from bertkit import inference, tasks
-from bertkit.config import BertConfig
-from bertkit.fileio import model_directory
+from bertkit import inference
+from bertkit.encoder import tasks
+from bertkit.encoder.config import BertConfig
 from bertkit.inference.common import as_texts
 from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
 from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
+from bertkit.util.fileio import model_directory
 
 # Texts per engine call when the caller gives no batch_size: the engine sorts and packs inside a
 # call, so larger is no faster, and a progress bar moves once per call.

@@ -63,12 +63,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import tasks
-from bertkit.fileio import check_writable_output, model_directory
+from bertkit.encoder import tasks
+from bertkit.encoder.model import encoder_of
+from bertkit.encoder.packing import Padding
 from bertkit.inference import Engine
 from bertkit.inference.embed import POOLINGS
-from bertkit.model import encoder_of
-from bertkit.packing import Padding
+from bertkit.util.fileio import check_writable_output, model_directory
 
 FORMATS = ("onnx", "openvino")
 TASKS = ("embed", "fill-mask", "classify", "rerank", "ner", "qa")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bertkit.fileio import atomic_path, check_writable_output
 from bertkit.train.state import read_metrics
+from bertkit.util.fileio import atomic_path, check_writable_output
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from bertkit.data.builtin import MINIMAL_PAIRS
-from bertkit.fileio import atomic_write_json, check_writable_output, remove_outputs
+from bertkit.util.fileio import atomic_write_json, check_writable_output, remove_outputs
 
 MARKER = "quickstart.json"
 
@@ -139,9 +139,9 @@ def seconds_per_step(data, model_config, batch_size: int, precision: str, *, see
 
     One untimed step first (allocator and kernel warm-up); nothing is kept.
     """
+    from bertkit.backend.precision import autocast
     from bertkit.data.shards import PretrainingBatches
-    from bertkit.model import BertForPreTraining
-    from bertkit.precision import autocast
+    from bertkit.encoder.model import BertForPreTraining
     from bertkit.train.optim import build_optimizer
 
     torch.manual_seed(seed)
@@ -206,9 +206,9 @@ def heldout_accuracy(model, data, train_data, *, seed: int, precision: str,
     `mask_accuracy` counts only the positions shown as [MASK], where the answer must come from
     the context; at the unchanged 10% a model can score by copying its input.
     """
+    from bertkit.backend.precision import autocast
     from bertkit.data.shards import PretrainingBatches
-    from bertkit.model import IGNORE_INDEX
-    from bertkit.precision import autocast
+    from bertkit.encoder.model import IGNORE_INDEX
 
     batches = PretrainingBatches(data, batch_size, seed=seed, epoch=0, drop_last=False)
     guess = most_frequent_token(train_data)
@@ -291,15 +291,15 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
 
     Returns {run_dir, steps, tokens_seen, heldout_mlm_accuracy, unigram_baseline_accuracy}.
     """
-    from bertkit.config import BertConfig
+    from bertkit.backend.precision import resolve_precision
     from bertkit.data.corpus import Corpus, as_corpus
     from bertkit.data.prepare import prepare
     from bertkit.data.shards import PretrainingData
+    from bertkit.data.tokenizer import BertTokenizer
     from bertkit.data.vocab import train_tokenizer
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.model import BertForPreTraining
     from bertkit.inference import fill_mask
-    from bertkit.model import BertForPreTraining
-    from bertkit.precision import resolve_precision
-    from bertkit.tokenizer import BertTokenizer
     from bertkit.train.pretrain import CONFIG_FILE, PretrainConfig, pretrain
 
     if config.lang not in LANGUAGES:
@@ -336,7 +336,7 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
         stage(f"1-3/5 reusing the vocabulary and data of the earlier demo in {out}")
     data = PretrainingData(data_dir, "train")
     eval_data = PretrainingData(data_dir, "eval")
-    # Measured, not read from CPU flags (bertkit.precision). A reused run keeps its own choice, so
+    # Measured, not read from CPU flags (bertkit.backend.precision). A reused run keeps its own choice, so
     # that resuming it is not refused over a probe that ranked two close rates the other way.
     saved_config = out / CONFIG_FILE
     saved_precision = (json.loads(saved_config.read_text(encoding="utf-8")).get("precision")

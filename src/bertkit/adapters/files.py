@@ -35,11 +35,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from bertkit import tasks
-from bertkit.checkpoint import from_hf_state_dict, name_map, to_hf_state_dict
-from bertkit.config import BertConfig
-from bertkit.fileio import atomic_write_json
-from bertkit.model import BertModel
+from bertkit.encoder import tasks
+from bertkit.encoder.checkpoint import from_hf_state_dict, name_map, to_hf_state_dict
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.model import BertModel
+from bertkit.util.fileio import atomic_write_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -37,10 +37,10 @@ from torch import nn
 
 from bertkit.adapters.files import MODULES, AdapterError, AdapterFiles, fingerprint, read_adapter
 from bertkit.adapters.routed import RoutedLinear, Routing
-from bertkit.heads import use_class
+from bertkit.encoder.heads import use_class
+from bertkit.encoder.model import BertModel, EncoderLayer, encoder_of
 from bertkit.inference.embed import pool
 from bertkit.inference.engine import Engine, Pooling
-from bertkit.model import BertModel, EncoderLayer, encoder_of
 
 
 @dataclass
@@ -198,7 +198,7 @@ class AdapterHost:
             if self.engine.precision == "bf16":
                 child.to(torch.bfloat16)
             elif self.engine.precision == "int8":
-                from bertkit.inference.int8 import quantize_linears
+                from bertkit.backend.int8 import quantize_linears
 
                 quantize_linears(child)
         return model

@@ -68,7 +68,7 @@ def need_web_stack(command: str) -> None:
     """The `serve` extra's packages, or an error with the line that installs them."""
     import importlib.util
 
-    # pydantic: the request and answer models; swagger_ui_bundle: the /docs page (bertkit.webapi).
+    # pydantic: the request and answer models; swagger_ui_bundle: the /docs page (bertkit.util.webapi).
     for module in ("starlette", "uvicorn", "prometheus_client", "pydantic", "swagger_ui_bundle"):
         if importlib.util.find_spec(module) is None:
             raise ValueError(f"bertkit {command} needs the web stack ({module} is not installed): "

@@ -28,7 +28,7 @@ def _run_explore(args: argparse.Namespace) -> None:
     need_web_stack("explore")
     from bertkit.explore import Explorer, default_model_dir
     from bertkit.explore.app import run
-    from bertkit.web import listen
+    from bertkit.util.web import listen
 
     tasks = []
     for spec in args.tasks:

@@ -13,6 +13,6 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> None:
-    from bertkit.summary import format_parameter_table
+    from bertkit.encoder.summary import format_parameter_table
 
     print(format_parameter_table(args.model, vocab_size=args.vocab_size))

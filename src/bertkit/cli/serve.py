@@ -66,7 +66,7 @@ def _run_serve(args: argparse.Namespace) -> None:
     need_web_stack("serve")
     from bertkit.serve import Limits, Service, load_model, parse_model_args, parse_served_names, serve
     from bertkit.serve.adapters import ServedAdapters, parse_adapter_args
-    from bertkit.web import listen
+    from bertkit.util.web import listen
 
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
                     max_client_batch_size=args.max_client_batch_size,

@@ -67,7 +67,7 @@ def _engine(args: argparse.Namespace, use: str):
 
 def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
     """Texts or --input/--out, not both; outputs checked before any model is loaded."""
-    from bertkit.fileio import check_writable_output
+    from bertkit.util.fileio import check_writable_output
 
     texts = getattr(args, "texts", None)
     if args.input:

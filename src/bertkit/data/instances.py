@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from bertkit.data.masking import continuation_table, segment_chinese, token_word_starts
-from bertkit.text import has_cjk
+from bertkit.util.text import has_cjk
 
 if TYPE_CHECKING:
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
 IS_NEXT, NOT_NEXT, NO_NSP = 0, 1, -100
 IN_ORDER, SWAPPED = 0, 1  # SOP labels, stored where NSP's are
@@ -123,7 +123,7 @@ def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer: "BertToken
     pieces and, in sentences holding CJK characters, jieba's words (segmented in `workers`
     processes). Sentences that encode to nothing and documents left empty are dropped.
     """
-    from bertkit.data.tasks.common import WordPieces
+    from bertkit.data.formats.common import WordPieces
 
     sentences = [s for doc in documents for s in doc]
     per_document = np.array([len(doc) for doc in documents], dtype=np.int64)

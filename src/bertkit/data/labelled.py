@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bertkit.data.builtin import package_file, read_bbc_article
-from bertkit.data.tasks.classify import ClassifyExample
-from bertkit.data.tasks.ner import NerSentence
-from bertkit.fileio import atomic_path, check_writable_output
+from bertkit.data.formats.classify import ClassifyExample
+from bertkit.data.formats.ner import NerSentence
+from bertkit.util.fileio import atomic_path, check_writable_output
 
 SPLITS = ("train", "dev", "test")
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)

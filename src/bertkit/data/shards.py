@@ -34,7 +34,7 @@ import torch
 
 from bertkit.data.instances import Instance
 from bertkit.data.masking import IGNORE_INDEX, default_max_predictions, mask_keys, mask_tokens
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
 
 logger = logging.getLogger(__name__)
 

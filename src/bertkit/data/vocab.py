@@ -16,9 +16,8 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from bertkit.data.corpus import Corpus, as_corpus
-from bertkit.fileio import check_writable_output
-from bertkit.tokenizer import TOKENIZER_FILES, BertTokenizer
-from bertkit.tokenizer_backends import (
+from bertkit.data.tokenizer import TOKENIZER_FILES, BertTokenizer
+from bertkit.data.tokenizer_backends import (
     CLS,
     MAX_INPUT_CHARS_PER_WORD,
     SEP,
@@ -27,6 +26,7 @@ from bertkit.tokenizer_backends import (
     configure_bert_pipeline,
     set_bert_post_processor,
 )
+from bertkit.util.fileio import check_writable_output
 
 logger = logging.getLogger(__name__)
 

@@ -31,10 +31,11 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from bertkit import __version__, web
+from bertkit import __version__
 from bertkit.explore import schemas, views
 from bertkit.explore.views import Explorer, ViewError
-from bertkit.webapi import Operation, RequestError, docs_routes, document, parse
+from bertkit.util import web
+from bertkit.util.webapi import Operation, RequestError, docs_routes, document, parse
 
 log = logging.getLogger(__name__)
 

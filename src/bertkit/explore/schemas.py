@@ -1,5 +1,5 @@
 """The explorer's request and answer models, declared once: the routes validate with them and
-GET /openapi.json describes them (`bertkit.webapi`).
+GET /openapi.json describes them (`bertkit.util.webapi`).
 
 Requests are strict and closed, as the service's: a string is not a number, an unknown key is
 refused by name. What depends on the model (a layer past its depth, a position past the text)

@@ -25,13 +25,13 @@ from torch import nn
 from bertkit.data.builtin import MINIMAL_PAIRS
 from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, jieba_word_starts, jieba_words, mask_text
 from bertkit.data.report import IGNORE_INDEX
-from bertkit.fileio import model_directory
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
+from bertkit.encoder.summary import parameter_rows
+from bertkit.encoder.tasks import is_cross_encoder, label_names, use_of
 from bertkit.inference import Engine, classify, fill_mask, ner, qa, rerank, similarity
-from bertkit.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
-from bertkit.summary import parameter_rows
-from bertkit.tasks import is_cross_encoder, label_names, use_of
-from bertkit.text import has_cjk
-from bertkit.tokenizer import BertTokenizer
+from bertkit.util.fileio import model_directory
+from bertkit.util.text import has_cjk
 
 TOP_K = 5  # guesses shown per masked position
 MAX_PAD = 64  # padding tokens the attention view may add

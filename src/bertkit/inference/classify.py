@@ -12,10 +12,10 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.tasks.classify import ClassifyExample, aggregate_windows, classify_features
+from bertkit.data.formats.classify import ClassifyExample, aggregate_windows, classify_features
+from bertkit.encoder.tasks import label_names
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Batch, Engine
-from bertkit.tasks import label_names
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 

@@ -10,9 +10,9 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from bertkit.encoder.model import encoder_of
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Batch, Engine
-from bertkit.model import encoder_of
 
 POOLINGS = ("mean", "cls", "max")
 

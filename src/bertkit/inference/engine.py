@@ -32,14 +32,14 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from bertkit import tasks
-from bertkit.checkpoint import missing_from
-from bertkit.data.tasks.common import WordPieces
-from bertkit.fileio import model_directory
-from bertkit.heads import use_class
-from bertkit.malloc import keep_freed_memory
-from bertkit.packing import Packed
-from bertkit.tokenizer import BertTokenizer
+from bertkit.backend.malloc import keep_freed_memory
+from bertkit.data.formats.common import WordPieces
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder import tasks
+from bertkit.encoder.checkpoint import missing_from
+from bertkit.encoder.heads import use_class
+from bertkit.encoder.packing import Packed
+from bertkit.util.fileio import model_directory
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Stats:
 # precision
 # ---------------------------------------------------------------------------------------------
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """'auto' → the faster of fp32 and bf16 on this machine, measured (`bertkit.precision`).
+    """'auto' → the faster of fp32 and bf16 on this machine, measured (`bertkit.backend.precision`).
 
     int8 is never chosen by 'auto': it changes results (cosine ≈ 0.99 against fp32), so it has
     to be asked for.
@@ -110,7 +110,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
                          f"{device.type}")
     if precision != "auto":
         return precision
-    from bertkit.precision import resolve_precision as measured
+    from bertkit.backend.precision import resolve_precision as measured
 
     return measured("auto", device)
 
@@ -127,7 +127,7 @@ def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.
     if precision == "bf16":
         return model.to(torch.bfloat16)
     if precision == "int8":
-        from bertkit.inference.int8 import quantize_linears
+        from bertkit.backend.int8 import quantize_linears
 
         return quantize_linears(copy.deepcopy(model))
     return model
@@ -196,7 +196,7 @@ class Engine:
             raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
         self.device = _device(self.device)
         if self.device.type == "cpu":
-            keep_freed_memory()  # batch buffers reused, not page-faulted in anew each layer (bertkit.malloc)
+            keep_freed_memory()  # batch buffers reused, not page-faulted in anew each layer (bertkit.backend.malloc)
         self.config = self.model.config
         limit = self.config.max_position_embeddings
         if self.max_length is None:

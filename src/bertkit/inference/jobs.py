@@ -20,9 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from bertkit import tasks
-from bertkit.config import BertConfig
-from bertkit.fileio import check_writable_output, model_directory
+from bertkit.encoder import tasks
+from bertkit.encoder.config import BertConfig
 from bertkit.inference.classify import classify, rerank
 from bertkit.inference.embed import embed
 from bertkit.inference.engine import Engine
@@ -30,6 +29,7 @@ from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, run_file
 from bertkit.inference.fill_mask import fill_mask
 from bertkit.inference.ner import ner, ner_words
 from bertkit.inference.qa import qa
+from bertkit.util.fileio import check_writable_output, model_directory
 
 USES = ("embed", "embed-sparse", "fill-mask", "classify", "ner", "qa", "rerank")
 

@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.tasks import ner as tasks_ner
+from bertkit.data.formats import ner as tasks_ner
+from bertkit.encoder.tasks import label_names
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Batch, Engine
-from bertkit.tasks import label_names
 
 
 def token_logits(engine: Engine, features: Sequence[dict[str, Any]], field: str = "logits"

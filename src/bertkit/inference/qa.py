@@ -27,7 +27,7 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-from bertkit.data.tasks.qa import QAExample, QAPrediction, QASettings, decode_answers, qa_features
+from bertkit.data.formats.qa import QAExample, QAPrediction, QASettings, decode_answers, qa_features
 from bertkit.inference.common import as_texts, engine_for
 from bertkit.inference.engine import Engine
 from bertkit.inference.ner import token_logits

@@ -28,10 +28,10 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit import tasks
+from bertkit.encoder import tasks
+from bertkit.encoder.model import encoder_of
 from bertkit.inference.common import as_texts
 from bertkit.inference.engine import Batch, Engine, sentence_transformers_modules
-from bertkit.model import encoder_of
 
 # Token rows per vocabulary projection: 512 × 30,522 fp32 logits are 62 MB, large enough for
 # efficient GEMMs, small enough for any machine.

@@ -101,7 +101,7 @@ def build(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], *, 
 
 
 def _build_faiss(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], seed: int) -> None:
-    from bertkit.fileio import atomic_path
+    from bertkit.util.fileio import atomic_path
 
     faiss = import_faiss()
     n, dim = vectors.shape

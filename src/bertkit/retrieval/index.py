@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from bertkit.fileio import atomic_write_json, check_writable_output, model_directory
 from bertkit.retrieval import backends
 from bertkit.retrieval.passages import embed_late, late_chunk_windows, split_passages, tokenize_documents
 from bertkit.retrieval.store import DOCS_FILE, OFFSETS_FILE, PASSAGE_MAP_FILE, PASSAGES_FILE, read_lines, write_store
+from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def model_fingerprint(model_dir: str | os.PathLike, tokenizer: Any = None) -> di
         f.seek(max(0, size - _EDGE_BYTES))
         digest.update(f.read(_EDGE_BYTES))
     if tokenizer is None:
-        from bertkit.tokenizer import BertTokenizer
+        from bertkit.data.tokenizer import BertTokenizer
 
         tokenizer = BertTokenizer.from_pretrained(root)
     return {"model": digest.hexdigest()[:32], "tokenizer": tokenizer.fingerprint()}

@@ -30,9 +30,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bertkit.fileio import check_writable_output
 from bertkit.retrieval.passages import split_passages, tokenize_documents
 from bertkit.retrieval.store import keep_if_same
+from bertkit.util.fileio import check_writable_output
 
 __all__ = ["embed_passages_file", "passages_path"]
 

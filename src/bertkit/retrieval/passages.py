@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from bertkit.text import split_sentences
+from bertkit.util.text import split_sentences
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def embed_late(engine: Any, items: Sequence[tuple[list[int], int, int]], normali
     import torch
     import torch.nn.functional as F
 
-    from bertkit.model import encoder_of
+    from bertkit.encoder.model import encoder_of
 
     tok = engine.tokenizer
     windows: dict[tuple[int, ...], int] = {}

@@ -392,8 +392,8 @@ def load_reranker(model_dir: str | os.PathLike, **engine_options: Any):
     """An Engine (task rerank) over a cross-encoder dir that cuts pairs at the length the model
     was trained at: its tokenizer's model_max_length (what sentence-transformers' CrossEncoder
     reads too), capped at the model's positions; `max_length=` overrides it."""
-    from bertkit.fileio import model_directory
     from bertkit.inference import Engine
+    from bertkit.util.fileio import model_directory
 
     model_directory(model_dir, "--rerank")
     own = engine_options.get("max_length") is None

@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertkit.fileio import atomic_write_json, model_directory
 from bertkit.retrieval.index import PASSAGES_FILE, model_fingerprint
 from bertkit.retrieval.store import save_npy
+from bertkit.util.fileio import atomic_write_json, model_directory
 
 SPARSE_DIR = "sparse"
 SPARSE_FILE = "sparse.json"

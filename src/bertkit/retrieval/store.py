@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from bertkit.fileio import atomic_path
+from bertkit.util.fileio import atomic_path
 
 DOCS_FILE = "docs.jsonl"
 OFFSETS_FILE = "offsets.npy"

@@ -20,7 +20,6 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from bertkit.fileio import atomic_write_json
 from bertkit.retrieval import backends
 from bertkit.retrieval.index import (
     BM25_DIR,
@@ -33,6 +32,7 @@ from bertkit.retrieval.index import (
 )
 from bertkit.retrieval.sparse import SPARSE_DIR, SPARSE_FILE, SparseIndex, build_sparse
 from bertkit.retrieval.store import DOCS_FILE, OFFSETS_FILE, PASSAGES_FILE, read_lines, save_npy, write_store
+from bertkit.util.fileio import atomic_write_json
 
 
 class _Doc:

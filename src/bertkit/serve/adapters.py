@@ -29,9 +29,9 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bertkit import tasks
 from bertkit.adapters import AdapterError, AdapterHost
 from bertkit.adapters.files import read_config, short
+from bertkit.encoder import tasks
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.models import ServedModel
 from bertkit.serve.responses import JSONResponse

@@ -24,13 +24,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bertkit import __version__, web
+from bertkit import __version__
 from bertkit.serve import adapters, openai, routes, schemas, search
 from bertkit.serve.errors import ErrorType, ServeError
 from bertkit.serve.responses import JSONResponse
 from bertkit.serve.scheduler import Scheduler
 from bertkit.serve.service import Service
-from bertkit.webapi import Operation, docs_routes, document
+from bertkit.util import web
+from bertkit.util.webapi import Operation, docs_routes, document
 
 log = logging.getLogger(__name__)
 

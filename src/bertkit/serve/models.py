@@ -1,7 +1,7 @@
 """The models one process serves: each directory loaded once, for every use its head supports.
 
 A directory's head, the use it serves and the routes that adds are read from the task table
-(`bertkit.tasks`: `use_of`, `USES[use].routes`). One Engine per directory, for its head; every model
+(`bertkit.encoder.tasks`: `use_of`, `USES[use].routes`). One Engine per directory, for its head; every model
 also embeds (the encoder under any head) and tokenizes, so a classifier's sentence vectors are one
 route away without loading it twice (v1/embeddings is the embed route in OpenAI's shape).
 """
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertkit import tasks
-from bertkit.fileio import model_directory
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder import tasks
 from bertkit.inference import Engine
 from bertkit.inference.embed import sentence_transformers_settings
 from bertkit.inference.sparse import SpladePooling
-from bertkit.tokenizer import BertTokenizer
+from bertkit.util.fileio import model_directory
 
 
 @dataclass

@@ -14,10 +14,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from bertkit.encoder.model import encoder_of
 from bertkit.inference import fill_mask, ner, qa
 from bertkit.inference.embed import pool, resolve_pooling
 from bertkit.inference.sparse import splade_weights
-from bertkit.model import encoder_of
 from bertkit.serve.models import ServedModel
 
 Ids = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one sequence, specials included

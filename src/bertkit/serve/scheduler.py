@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bertkit.malloc import glibc
+from bertkit.backend.malloc import glibc
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.metrics import Metrics
 from bertkit.serve.mixed import run_mixed

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag
 from pydantic_core import PydanticCustomError
 
 from bertkit.serve.errors import ErrorType, validation
-from bertkit.webapi import RequestError, parse
+from bertkit.util.webapi import RequestError, parse
 
 # ---------------------------------------------------------------------------------------------
 # inputs

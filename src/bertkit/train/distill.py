@@ -44,17 +44,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.checkpoint import load_into, read_state_dict
-from bertkit.config import BertConfig
+from bertkit.backend.precision import PRECISIONS, autocast, resolve_precision
+from bertkit.data.formats.common import pad_batch
 from bertkit.data.report import IGNORE_INDEX
-from bertkit.data.tasks.common import pad_batch
-from bertkit.fileio import atomic_write_json, model_directory
-from bertkit.heads import task_class
-from bertkit.model import BertForMaskedLM
-from bertkit.precision import PRECISIONS, autocast, resolve_precision
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.checkpoint import load_into, read_state_dict
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.heads import task_class
+from bertkit.encoder.model import BertForMaskedLM
 from bertkit.train import finetune as ft
 from bertkit.train import optim, state
+from bertkit.util.fileio import atomic_write_json, model_directory
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def general_losses(config: DistillConfig, student: nn.Module, teacher: nn.Module
                    batch: dict[str, torch.Tensor]) -> StepLosses:
     """MLM models on one pre-training batch (input_ids, token_type_ids, attention_mask,
     mlm_labels (B, T), -100 where nothing is predicted)."""
-    from bertkit.model import mlm_logits_and_loss
+    from bertkit.encoder.model import mlm_logits_and_loss
 
     ids, segments, mask, labels = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                                    batch["mlm_labels"])
@@ -342,7 +342,7 @@ class _TaskData:
         self.digest = ft.features_digest(features)
 
     def _unlabeled(self, runner, spec: str) -> list[dict]:
-        from bertkit.data.tasks import classify, ner
+        from bertkit.data.formats import classify, ner
 
         examples, _ = runner.read(spec, training=False, labelled_rows=False)
         if self.config.task == "classify":

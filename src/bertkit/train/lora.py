@@ -49,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bertkit.adapters.files import base_record, fingerprint, write_side_file
-from bertkit.checkpoint import (
+from bertkit.encoder.checkpoint import (
     architecture_name,
     from_hf_state_dict,
     load_into,
@@ -57,8 +57,8 @@ from bertkit.checkpoint import (
     read_state_dict,
     to_hf_state_dict,
 )
-from bertkit.fileio import atomic_path, atomic_write_json
-from bertkit.model import encoder_of
+from bertkit.encoder.model import encoder_of
+from bertkit.util.fileio import atomic_path, atomic_write_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.data.report import DataReport, read_text
-from bertkit.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
 from bertkit.train import health, lora
+from bertkit.util.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def from_finetune_config(config: Any, **extra: Any) -> RetrievalTrainConfig:
 
 
 def run(config: RetrievalTrainConfig) -> dict[str, Any]:
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
     from bertkit.train import optim
 
     started = time.time()
@@ -414,10 +414,10 @@ def _warnings(config: RetrievalTrainConfig, summary: dict[str, Any], examples: i
 
 
 def _build(config: RetrievalTrainConfig) -> nn.Module:
-    from bertkit.checkpoint import load_into, read_state_dict
-    from bertkit.config import BertConfig
-    from bertkit.heads import BertForSequenceClassification
-    from bertkit.model import BertModel
+    from bertkit.encoder.checkpoint import load_into, read_state_dict
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.heads import BertForSequenceClassification
+    from bertkit.encoder.model import BertModel
 
     directory = Path(config.model)
     if config.task == "embed":

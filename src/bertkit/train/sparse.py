@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.fileio import atomic_write_json, atomic_write_text, model_directory
 from bertkit.train import health
 from bertkit.train import state as train_state
 from bertkit.train.retrieval import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
+from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,9 @@ def finetune_sparse(**settings: Any) -> dict[str, Any]:
 def run(config: SparseTrainConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    from bertkit import tasks
-    from bertkit.heads import use_class
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.encoder import tasks
+    from bertkit.encoder.heads import use_class
     from bertkit.train import optim
 
     started = time.time()
@@ -190,7 +190,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         raise ValueError(f"{config.train}: {len(pairs)} training pair; in-batch negatives need at least 2")
     if config.eval is None and config.train.startswith(BUILTIN_PREFIX):
         config.eval = BUILTIN_PREFIX + config.train[len(BUILTIN_PREFIX):].split(":")[0] + ":dev"
-    from bertkit.config import BertConfig
+    from bertkit.encoder.config import BertConfig
     from bertkit.train.finetune.setup import default_lr
 
     config.lr = config.lr or default_lr(BertConfig.from_json(directory).hidden_size)

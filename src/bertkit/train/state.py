@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from bertkit.data.report import json_lines, read_text
-from bertkit.fileio import atomic_path, atomic_write_text, check_writable_output
+from bertkit.util.fileio import atomic_path, atomic_write_text, check_writable_output
 
 logger = logging.getLogger(__name__)
 

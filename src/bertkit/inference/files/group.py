@@ -48,7 +48,7 @@ class Group:
 
 def join_group(distributed: Any) -> Group:
     """distributed: "auto" (join when WORLD_SIZE > 1), False (one process whatever the environment),
-    True (require WORLD_SIZE > 1) or a `bertkit.distributed.DistInfo` already set up."""
+    True (require WORLD_SIZE > 1) or a `bertkit.util.distributed.DistInfo` already set up."""
     if distributed is False:
         return Group()
     if hasattr(distributed, "world_size") and hasattr(distributed, "rank"):
@@ -70,7 +70,7 @@ def join_group(distributed: Any) -> Group:
 
     if dist.is_initialized():  # the caller (e.g. for a model on GPUs) already joined
         return Group(dist.get_rank(), dist.get_world_size(), dist.get_backend())
-    from bertkit.distributed import init_distributed
+    from bertkit.util.distributed import init_distributed
 
     # Sharing out a file needs only barriers and small messages: gloo on CPU is enough, whatever
     # device the caller's model runs on.

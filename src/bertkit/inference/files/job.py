@@ -48,10 +48,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bertkit.fileio import atomic_write_json
 from bertkit.inference.files.group import Group, join_group, on_rank0
 from bertkit.inference.files.records import DEFAULT_MAX_CHARS, Record, RecordReport, read_records, record_format
 from bertkit.inference.files.state import STATE_VERSION, OutputFiles, decide, input_fingerprint, load_state, plain
+from bertkit.util.fileio import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def run_file(input_path: str | os.PathLike, out_path: str | os.PathLike,
       its fingerprint, precision, pooling, ...); JSON-able values, compared key by key.
     fmt, text_field, pair_field, words_field, max_chars: reading, as `read_records`.
     distributed: "auto" (several ranks when WORLD_SIZE > 1, e.g. under torchrun), False, True, or
-      a `bertkit.distributed.DistInfo` whose process group the caller already joined.
+      a `bertkit.util.distributed.DistInfo` whose process group the caller already joined.
     line_field: jsonl: the output's `line` is this field of each input row (an input that is
       itself derived from another file, e.g. passages naming their document's line), not the row's own.
     Returns a summary: out, input, kind, rows (written), dim, skipped (count), problems

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from bertkit.data.formats.ner import conll_sentences, join_words
+from bertkit.data.formats.qa import read_squad
 from bertkit.data.report import DataReport
 from bertkit.data.rows import check_text_file, read_header, read_rows, text_lines
-from bertkit.data.tasks.ner import conll_sentences, join_words
-from bertkit.data.tasks.qa import read_squad
 
 FORMATS = ("auto", "txt", "jsonl", "csv", "tsv", "conll", "squad")
 SUFFIX_FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",

@@ -22,7 +22,7 @@ same predictions, plus:
 
 `model` is a model directory or a preset name (tiny … large) for a randomly initialised encoder of
 that size, whose tokenizer then comes from `tokenizer`. Data come from files (see
-`bertkit.data.tasks`) or built-in sets (`builtin:NAME[:SPLIT]`, see `bertkit.data.labelled`): a
+`bertkit.data.formats`) or built-in sets (`builtin:NAME[:SPLIT]`, see `bertkit.data.labelled`): a
 built-in train split brings its dev split as eval set and its test split as test set.
 
 Evaluation runs on the inference engine with the uses' own decoding (`task.py`), so a run's dev

@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from bertkit.config import PRESETS
-from bertkit.precision import PRECISIONS
-from bertkit.tasks import FINETUNE_TASKS
+from bertkit.backend.precision import PRECISIONS
+from bertkit.encoder.config import PRESETS
+from bertkit.encoder.tasks import FINETUNE_TASKS
 from bertkit.train import lora
 
 TASKS = tuple(FINETUNE_TASKS)  # classify, pair, ner, qa; embed and rerank: bertkit.train.retrieval
@@ -69,7 +69,7 @@ class FinetuneConfig:
     eval_batch_size: int = 64
     device: str = "auto"  # auto | cpu | cuda
     # auto = bf16 on CUDA; on CPU whichever of fp32 / bf16 a matmul probe measures faster here
-    # (bertkit.precision). bf16 is autocast: weights and optimizer state stay fp32.
+    # (bertkit.backend.precision). bf16 is autocast: weights and optimizer state stay fp32.
     precision: str = "auto"
     progress: bool = True
     overwrite: bool = False

@@ -24,13 +24,12 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from bertkit.config import PRESETS, BertConfig
+from bertkit.backend.precision import autocast, resolve_precision
 from bertkit.data import labelled
-from bertkit.data.tasks.common import pad_batch
-from bertkit.fileio import atomic_write_json, atomic_write_text
-from bertkit.precision import autocast, resolve_precision
-from bertkit.tasks import FINETUNE_CONFIG as CONFIG_FILE
-from bertkit.tasks import FINETUNE_TASKS
+from bertkit.data.formats.common import pad_batch
+from bertkit.encoder.config import PRESETS, BertConfig
+from bertkit.encoder.tasks import FINETUNE_CONFIG as CONFIG_FILE
+from bertkit.encoder.tasks import FINETUNE_TASKS
 from bertkit.train import health, lora, optim, retrieval
 from bertkit.train import state as train_state
 from bertkit.train.finetune.config import FinetuneConfig
@@ -47,6 +46,7 @@ from bertkit.train.finetune.setup import (
     start_out_dir,
 )
 from bertkit.train.finetune.task import TASK_CLASSES, Task
+from bertkit.util.fileio import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 

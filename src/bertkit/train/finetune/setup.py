@@ -10,15 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertkit import distributed
-from bertkit.checkpoint import load_into, read_state_dict, to_hf_state_dict
-from bertkit.config import PRESETS, BertConfig
-from bertkit.fileio import missing_model_dir, model_directory
-from bertkit.heads import task_class
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.checkpoint import load_into, read_state_dict, to_hf_state_dict
+from bertkit.encoder.config import PRESETS, BertConfig
+from bertkit.encoder.heads import task_class
 from bertkit.train import lora
 from bertkit.train import state as train_state
 from bertkit.train.finetune.config import FinetuneConfig
+from bertkit.util import distributed
+from bertkit.util.fileio import missing_model_dir, model_directory
 
 log = logging.getLogger(__name__)
 

@@ -16,17 +16,17 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 from torch import nn
 
-from bertkit import metrics, tasks
-from bertkit.config import BertConfig
-from bertkit.data import labelled
+from bertkit.data import labelled, scoring
+from bertkit.data.formats import classify, ner, qa
+from bertkit.data.formats.common import WordPieces
 from bertkit.data.report import IGNORE_INDEX, DataReport, read_text
-from bertkit.data.tasks import classify, ner, qa
-from bertkit.data.tasks.common import WordPieces
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder import tasks
+from bertkit.encoder.config import BertConfig
 from bertkit.inference import Engine
 from bertkit.inference.classify import example_scores
 from bertkit.inference.ner import tag_words
 from bertkit.inference.qa import answer_examples
-from bertkit.tokenizer import BertTokenizer
 from bertkit.train.finetune.config import FinetuneConfig
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class ClassifyTask(_EngineTask):
         # The accuracy of always answering the most frequent label: what a model that ignores its
         # input scores here (train.health warns when the model does no better).
         majority = max(gold.count(label) for label in set(gold)) / len(gold) if gold else None
-        return {"accuracy": metrics.accuracy(pred, gold), "macro_f1": metrics.macro_f1(pred, gold),
+        return {"accuracy": scoring.accuracy(pred, gold), "macro_f1": scoring.macro_f1(pred, gold),
                 "majority_accuracy": majority, "n": len(gold)}
 
 
@@ -231,7 +231,7 @@ class NerTask(_EngineTask):
         self.check_labels(examples, source)
         with self.engine(model) as engine:  # the decoder `bertkit ner` uses: valid BIO/BIOES paths
             tagged = tag_words(engine, [s.words for s in examples], stride=self.config.doc_stride)
-        scores = metrics.entity_scores([t.tags for t in tagged], [s.tags for s in examples])
+        scores = scoring.entity_scores([t.tags for t in tagged], [s.tags for s in examples])
         result = scores.to_dict()
         result["n"] = len(examples)
         return result
@@ -286,7 +286,7 @@ class QATask(_EngineTask):
     def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
         predictions = self.answers(model, examples)
         gold = {e.id: [text for text, _ in e.answers] for e in examples}
-        result = metrics.squad_scores(predictions, gold).to_dict()
+        result = scoring.squad_scores(predictions, gold).to_dict()
         result["n"] = len(examples)
         return result
 

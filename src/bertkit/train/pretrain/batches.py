@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertkit.backend.precision import autocast
 from bertkit.data.shards import PretrainingBatches
-from bertkit.model import IGNORE_INDEX
-from bertkit.precision import autocast
+from bertkit.encoder.model import IGNORE_INDEX
 
 
 # ---------------------------------------------------------------------------------------------

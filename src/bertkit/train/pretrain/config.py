@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from bertkit.config import BertConfig, check_override_keys
+from bertkit.backend.precision import PRECISIONS
 from bertkit.data.shards import OBJECTIVES
-from bertkit.precision import PRECISIONS
+from bertkit.encoder.config import BertConfig, check_override_keys
 from bertkit.train import optim, state
 
 CONFIG_FILE = "pretrain_config.json"
@@ -64,7 +64,7 @@ class PretrainConfig:
 
     # --- execution
     # auto = bf16 on CUDA; on CPU whichever of fp32 / bf16 a matmul probe measures faster here
-    # (bertkit.precision: CPU flags mislead, bf16 ran at half the fp32 rate on one AVX-512 BF16 CPU)
+    # (bertkit.backend.precision: CPU flags mislead, bf16 ran at half the fp32 rate on one AVX-512 BF16 CPU)
     precision: str = "auto"
     compile: bool = False  # torch.compile the encoder layers (first steps are slower while it compiles)
     device: str = "auto"  # auto | cpu | cuda

@@ -33,14 +33,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertkit import distributed
-from bertkit.checkpoint import load_into, read_state_dict
-from bertkit.config import BertConfig
+from bertkit.backend.precision import autocast, resolve_precision
 from bertkit.data.shards import PretrainingBatches, PretrainingData
-from bertkit.fileio import atomic_write_json, check_writable_output, model_directory, remove_outputs
-from bertkit.model import IGNORE_INDEX, BertForPreTraining, count_parameters
-from bertkit.precision import autocast, resolve_precision
-from bertkit.tokenizer import BertTokenizer
+from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder.checkpoint import load_into, read_state_dict
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.model import IGNORE_INDEX, BertForPreTraining, count_parameters
 from bertkit.train import optim, state
 from bertkit.train.pretrain.batches import (
     STATS,
@@ -61,6 +59,8 @@ from bertkit.train.pretrain.config import (
     PretrainConfig,
     TrainingDiverged,
 )
+from bertkit.util import distributed
+from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory, remove_outputs
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from bertkit.fileio import atomic_write_json, cache_dir
+from bertkit.util.fileio import atomic_write_json, cache_dir
 
 logger = logging.getLogger(__name__)
 

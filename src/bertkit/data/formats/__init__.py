@@ -6,11 +6,11 @@
 - `common` — row reading, bad-row reports, word pieces, windows and padding they share.
 """
 
+from bertkit.data.formats.classify import ClassifyColumns, ClassifyExample, LabelSpace, read_classify
+from bertkit.data.formats.common import WordPieces
+from bertkit.data.formats.ner import NerSentence, read_ner
+from bertkit.data.formats.qa import QAExample, QAPrediction, QASettings, read_squad
 from bertkit.data.report import DataReport
-from bertkit.data.tasks.classify import ClassifyColumns, ClassifyExample, LabelSpace, read_classify
-from bertkit.data.tasks.common import WordPieces
-from bertkit.data.tasks.ner import NerSentence, read_ner
-from bertkit.data.tasks.qa import QAExample, QAPrediction, QASettings, read_squad
 
 TASKS = ("classify", "pair", "ner", "qa")
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertkit.fileio import atomic_write_json
+from bertkit.util.fileio import atomic_write_json
 
 # Activations the encoder implements; the names are those `config.json` files use.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")

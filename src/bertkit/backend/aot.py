@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from bertkit.fileio import cache_dir
-from bertkit.precision import machine_key
+from bertkit.backend.precision import machine_key
+from bertkit.util.fileio import cache_dir
 
 log = logging.getLogger(__name__)
 

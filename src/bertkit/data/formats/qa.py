@@ -32,8 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
+from bertkit.data.formats.common import WordPieces, max_context_owner, window_spans
 from bertkit.data.report import DataReport, read_text
-from bertkit.data.tasks.common import WordPieces, max_context_owner, window_spans
 
 
 @dataclass

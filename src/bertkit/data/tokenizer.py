@@ -34,9 +34,9 @@ from typing import Any, Iterable, Literal, Sequence
 
 from tokenizers import Tokenizer
 
-from bertkit import tokenizer_backends as backends
-from bertkit.fileio import atomic_write_json, atomic_write_text, missing_model_dir
-from bertkit.tokenizer_backends import CLS, FAMILY_SPECIALS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
+from bertkit.data import tokenizer_backends as backends
+from bertkit.data.tokenizer_backends import CLS, FAMILY_SPECIALS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
+from bertkit.util.fileio import atomic_write_json, atomic_write_text, missing_model_dir
 
 logger = logging.getLogger(__name__)
 

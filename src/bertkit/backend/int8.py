@@ -22,7 +22,7 @@ import os
 import torch
 from torch import nn
 
-from bertkit.model import EncoderLayer
+from bertkit.encoder.model import EncoderLayer
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class _Kernels:
     def ahead_of_time(self, name: str, fn, example: tuple, rows: tuple):
         """An `aot.AotKernel`, loaded (or compiled) now, so that a failure falls back at once to
         torch.compile (mode compile) rather than in the middle of a batch."""
-        from bertkit.inference.aot import AotKernel
+        from bertkit.backend.aot import AotKernel
 
         kernel = AotKernel(name, fn, example, rows, __file__)
         try:

@@ -26,10 +26,10 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from bertkit.data.formats.common import WordPieces, known_label_order, max_context_owner, window_spans
 from bertkit.data.report import IGNORE_INDEX, DataReport
 from bertkit.data.rows import read_rows, text_lines
-from bertkit.data.tasks.common import WordPieces, known_label_order, max_context_owner, window_spans
-from bertkit.metrics import get_entities, split_tag
+from bertkit.data.scoring import get_entities, split_tag
 
 SCHEMES = ("BIO", "BIOES")
 

@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from bertkit.text import has_cjk  # CJK ideographs as BERT's tokenizer defines them
+from bertkit.util.text import has_cjk  # CJK ideographs as BERT's tokenizer defines them
 
 
 # ---------------------------------------------------------------------------------------------

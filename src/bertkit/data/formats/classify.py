@@ -31,9 +31,9 @@ from typing import Any, Sequence
 
 import torch
 
+from bertkit.data.formats.common import WordPieces, known_label_order, window_spans
 from bertkit.data.report import DataReport
 from bertkit.data.rows import read_rows
-from bertkit.data.tasks.common import WordPieces, known_label_order, window_spans
 
 
 @dataclass

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertkit.checkpoint import architecture_name, check_weights
-from bertkit.config import PRESETS, BertConfig
-from bertkit.heads import model_class
-from bertkit.model import BertModel, encoder_of
-from bertkit.tasks import architecture_kinds
+from bertkit.encoder.checkpoint import architecture_name, check_weights
+from bertkit.encoder.config import PRESETS, BertConfig
+from bertkit.encoder.heads import model_class
+from bertkit.encoder.model import BertModel, encoder_of
+from bertkit.encoder.tasks import architecture_kinds
 
 
 def model_class_for(config: BertConfig) -> type[nn.Module]:

@@ -54,10 +54,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import fused, modern, ops
-from bertkit.checkpoint import PretrainedMixin
-from bertkit.config import BertConfig
-from bertkit.packing import Packed, Padding
+from bertkit.encoder import fused, modern, ops
+from bertkit.encoder.checkpoint import PretrainedMixin
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.packing import Packed, Padding
 
 IGNORE_INDEX = -100  # label value that losses skip, as in PyTorch's cross_entropy
 

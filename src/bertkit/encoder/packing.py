@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import ops
+from bertkit.encoder import ops
 
 
 @dataclass

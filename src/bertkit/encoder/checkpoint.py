@@ -55,8 +55,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertkit.config import CLASS_PREFIXES, BertConfig
-from bertkit.fileio import atomic_path, missing_model_dir, model_directory
+from bertkit.encoder.config import CLASS_PREFIXES, BertConfig
+from bertkit.util.fileio import atomic_path, missing_model_dir, model_directory
 
 logger = logging.getLogger(__name__)
 

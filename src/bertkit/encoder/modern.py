@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit import fused, ops
-from bertkit.config import BertConfig
-from bertkit.packing import Packed, Padding
+from bertkit.encoder import fused, ops
+from bertkit.encoder.config import BertConfig
+from bertkit.encoder.packing import Packed, Padding
 
 # Queries per block of the packed sliding-window attention: each block reads QUERY_BLOCK + 2w keys,
 # so smaller blocks waste fewer scores and larger ones make fewer, larger kernel calls. At w = 64

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertkit.config import CLASS_PREFIXES, BertConfig
+from bertkit.encoder.config import CLASS_PREFIXES, BertConfig
 
 
 @dataclass(frozen=True)
