@@ -160,15 +160,15 @@ def test_rerank_negatives_are_drawn_afresh_from_a_row_pool():
     config = rt.RetrievalTrainConfig(task="rerank", model="m", train="t", out_dir="o", negatives=2,
                                      mine="none")
     own = [f"negative {i}" for i in range(10)]
-    groups = rt._rerank_groups([rt.Pair("q", "pos", own, "f:1")], config)
+    groups = rt.rerank_groups([rt.Pair("q", "pos", own, "f:1")], config)
     rng = random.Random(0)
-    epochs = [rt._rerank_epoch(groups, config, rng)[0] for _ in range(6)]
+    epochs = [rt.rerank_epoch(groups, config, rng)[0] for _ in range(6)]
     assert all(e[:2] == ("q", "pos") and len(e[2]) == 2 and set(e[2]) <= set(own) for e in epochs)
     assert len({tuple(e[2]) for e in epochs}) > 1  # not the same two every epoch
     bce = dataclasses.replace(config, loss="bce")
-    assert [r[2] for r in rt._rerank_epoch(groups, bce, rng)] == [1.0, 0.0, 0.0]
+    assert [r[2] for r in rt.rerank_epoch(groups, bce, rng)] == [1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="no query has a negative"):
-        rt._rerank_epoch(rt._rerank_groups([rt.Pair("q", "pos", [], "f:1")], config), config, rng)
+        rt.rerank_epoch(rt.rerank_groups([rt.Pair("q", "pos", [], "f:1")], config), config, rng)
     with pytest.raises(ValueError, match="loss must be one of"):
         rt.RetrievalTrainConfig(task="rerank", model="m", train="t", out_dir="o", loss="hinge")
 

@@ -4,12 +4,14 @@ comes with its first stage's on the same candidates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 
 import pytest
 
+from bertkit.encoder.config import BertConfig
 from bertkit.train import finetune as ft
 from bertkit.train import health
 from bertkit.train import retrieval as rt
@@ -24,11 +26,15 @@ def test_checks_against_the_runs_own_numbers():
     assert "only 10 optimizer steps (300 training examples at batch 32, 1 epoch)" in \
         health.step_warning(10, examples=300, batch_size=32, epochs=1)
     assert health.step_warning(health.MIN_STEPS, examples=3200, batch_size=32, epochs=1) is None
-    assert health.chance_loss("classify", num_labels=5) == pytest.approx(math.log(5))
-    assert health.chance_loss("classify", num_labels=1, regression=True) is None
-    assert health.chance_loss("rerank", negatives=3) == pytest.approx(math.log(4))
-    assert health.chance_loss("rerank", loss="bce") == pytest.approx(math.log(2))
-    assert health.chance_loss("embed", batch_size=32) == pytest.approx(math.log(32))
+    rows = ft.TASK_ROWS  # each task's chance loss: (its settings, the model's config)
+    assert rows["classify"].chance_loss(None, BertConfig.preset("tiny", num_labels=5)) == pytest.approx(math.log(5))
+    assert rows["classify"].chance_loss(None, BertConfig.preset("tiny", num_labels=1,
+                                                                problem_type="regression")) is None
+    rerank = rt.RetrievalTrainConfig(task="rerank", model="m", train="t", out_dir="o", negatives=3)
+    assert rows["rerank"].chance_loss(rerank) == pytest.approx(math.log(4))
+    assert rows["rerank"].chance_loss(dataclasses.replace(rerank, loss="bce")) == pytest.approx(math.log(2))
+    embed = rt.RetrievalTrainConfig(task="embed", model="m", train="t", out_dir="o", batch_size=32)
+    assert rows["embed"].chance_loss(embed) == pytest.approx(math.log(32))
     assert "near chance (1.386" in health.loss_warning(1.35, math.log(4))
     assert health.loss_warning(0.5, math.log(4)) is None
     assert "no better than always" in health.baseline_warning("accuracy", 0.313, 0.313, "always X", "test")

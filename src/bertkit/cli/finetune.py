@@ -130,56 +130,23 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
 def _run_finetune(args: argparse.Namespace) -> None:
     import logging
 
-    from bertkit.train.finetune import FinetuneConfig, run_finetune
+    from bertkit.train.finetune import finetune_settings, run_finetune
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
-    if settings.get("task") == "sparse":
-        return _run_sparse(settings)
-    sparse_only = [k for k in ("flops_query_weight", "flops_doc_weight", "flops_warmup_ratio") if k in settings]
-    if sparse_only:
-        raise ValueError(f"--{sparse_only[0].replace('_', '-')} applies to --task sparse only, "
-                         f"not {settings.get('task')}")
-    from bertkit.train import retrieval
-
-    extra = {k: settings.pop(k) for k in retrieval.RETRIEVAL_OPTIONS if k in settings}
-    config = FinetuneConfig(**settings)
-    if config.task in retrieval.TASKS:
-        summary = retrieval.run(retrieval.from_finetune_config(config, **extra))
-        scores = dict(summary.get("eval") or {})
-        first = scores.pop("first_stage", None)
-        line = (f"model saved in {config.out_dir} ({summary['steps']} steps, loss {summary['first_loss']:.4f} "
-                f"→ {summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else
-                                                     "no --eval set, so no score"))
-        if first:  # the baseline beside the reranker's score: the candidates in the first stage's order
-            line += f"; first stage ({first['name']}) mrr@10 {first['mrr@10']}, reranked {scores['mrr@10']}"
-        print(line)
-        print(json.dumps(summary, ensure_ascii=False))
-        return
-    if extra:
-        raise ValueError(f"--{next(iter(extra)).replace('_', '-')} applies to --task embed / rerank "
-                         f"only, not {config.task}")
-
-    summary = run_finetune(config)
-    print(finetune_summary_line(summary, config.out_dir))
-    print(json.dumps(summary, ensure_ascii=False))
-
-
-def _run_sparse(settings: dict) -> None:
-    """`finetune --task sparse`: a SPLADE model from a masked-LM directory (bertkit.train.sparse)."""
-    from bertkit.train import sparse
-
-    summary = sparse.run(sparse.config_from_options({k: v for k, v in settings.items() if k != "task"}))
-    scores = summary.get("eval") or {}
-    print(f"model saved in {settings['out_dir']} ({summary['steps']} steps, loss {summary['first_loss']:.4f} → "
-          f"{summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else "no --eval set, so no score"))
+    summary = run_finetune(finetune_settings(settings))
+    print(finetune_summary_line(summary, settings["out_dir"]))
     print(json.dumps(summary, ensure_ascii=False))
 
 
 def finetune_summary_line(summary: dict, out_dir: str) -> str:
-    """The human line before the JSON: where the model is, its epoch and its eval / test score."""
+    """The human line before the JSON: where the model is, its epoch and its eval / test score
+    (a run by epochs on labelled data), or its steps, loss and eval scores (a retrieval or SPLADE
+    run, with a reranker's first stage beside its score)."""
+    if "steps" in summary:
+        return _steps_summary_line(summary, out_dir)
     metric = summary.get("metric")
     line = f"model saved in {out_dir}"
     if summary.get("best_epoch") is not None:
@@ -191,6 +158,17 @@ def finetune_summary_line(summary: dict, out_dir: str) -> str:
     if not summary.get("eval") and not summary.get("test"):
         line += "; no --eval or --test set, so no score"
     return line + f"; details in {Path(out_dir) / 'eval.json'}"
+
+
+def _steps_summary_line(summary: dict, out_dir: str) -> str:
+    scores = dict(summary.get("eval") or {})
+    first = scores.pop("first_stage", None)
+    line = (f"model saved in {out_dir} ({summary['steps']} steps, loss {summary['first_loss']:.4f} "
+            f"→ {summary['last_loss']:.4f}); " + (f"eval {json.dumps(scores)}" if scores else
+                                                 "no --eval set, so no score"))
+    if first:  # the baseline beside the reranker's score: the candidates in the first stage's order
+        line += f"; first stage ({first['name']}) mrr@10 {first['mrr@10']}, reranked {scores['mrr@10']}"
+    return line
 
 
 # ---------------------------------------------------------------------------------------------

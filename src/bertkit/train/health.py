@@ -10,32 +10,34 @@ a word the score reads like a result. Three checks, each against a number the ru
 - **chance loss**: the mean training loss of the last epoch (or the last tenth of steps) still at
   least `CHANCE_FRACTION` of the loss of a uniform guess: ln(labels) for a classifier or tagger,
   ln(window) for QA's start and end, ln(1 + negatives) for a listwise reranker, ln 2 per pair
-  (bce), ln(batch) for in-batch contrastive embeddings.
+  (bce), ln(batch) for in-batch contrastive embeddings, ln(batch × (1 + hard negatives)) for SPLADE.
 - **trivial baseline**: the evaluation metric no better than a predictor that ignores its input —
   a classifier's accuracy against always answering the most frequent label of that evaluation set,
   a reranker's MRR@10 against the first stage's own order of the same candidates.
+
+The checks are the same for every task; what a task's loss chooses among and which trivial
+predictor it is measured against belong to its trainer, and its row in the task table
+(`train/finetune/tasks.py`) names both.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 MIN_STEPS = 100
 CHANCE_FRACTION = 0.9
 
 
-def chance_loss(task: str, *, num_labels: int = 0, regression: bool = False, max_length: int = 0,
-                negatives: int = 0, loss: str = "listwise", batch_size: int = 0) -> float | None:
-    """The training loss of a uniform guess for `task` (None where there is none: regression)."""
-    if task in ("classify", "pair", "ner"):
-        return None if regression or num_labels < 2 else math.log(num_labels)
-    if task == "qa":
-        return math.log(max_length) if max_length > 1 else None
-    if task == "rerank":
-        return math.log(2) if loss == "bce" else math.log(1 + negatives) if negatives else None
-    if task == "embed":
-        return math.log(batch_size) if batch_size > 1 else None
-    raise ValueError(f"unknown task {task!r}")
+def uniform_guess(choices: int) -> float | None:
+    """The cross-entropy of a uniform guess among `choices` outcomes, ln(choices); None below two
+    (nothing to guess). A task's chance loss is this over what its loss chooses among."""
+    return math.log(choices) if choices > 1 else None
+
+
+def no_baseline(scores: dict[str, Any], metric: str, split: str) -> str | None:
+    """The baseline check of a task that scores no trivial predictor: never a warning."""
+    return None
 
 
 def step_warning(steps: int, *, examples: int, batch_size: int, epochs: int) -> str | None:

@@ -42,14 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health
 from bertkit.train import state as train_state
-from bertkit.train.retrieval import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
+from bertkit.train.optim import default_lr
+from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "finetune_config.json"
+CONFIG_FILE = FINETUNE_CONFIG
 OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, "eval.json", "steps.jsonl", "modules.json",
            train_state.CHECKPOINTS)
 # Settings a resumed run may change: they do not alter the sequence of updates.
@@ -69,7 +71,7 @@ class SparseTrainConfig:
     eval: str | None = None  # MRR@10 / nDCG@10 at the end (default: a builtin's dev split)
     epochs: int = 1
     batch_size: int = 16  # SPLADE v2: 128 on GPUs; in-batch negatives grow with it
-    # None: by the model's width (`finetune.setup.default_lr`): 3e-5 for base, near SPLADE v2's 2e-5;
+    # None: by the model's width (`optim.default_lr`): 3e-5 for base, near SPLADE v2's 2e-5;
     # 1e-3 for the demo's tiny model, whose 94 steps at 2e-5 left the loss where it started (75 → 76).
     lr: float | None = None
     weight_decay: float = 0.01
@@ -155,6 +157,15 @@ def flops_weight(step: int, total: int, ratio: float) -> float:
     return 1.0 if ratio == 0 or step >= warmup else (step / warmup) ** 2
 
 
+def chance_loss(config: SparseTrainConfig, model_config=None) -> float | None:
+    """ln(batch × (1 + hard negatives)): a uniform guess among the batch's candidates."""
+    return health.uniform_guess(config.batch_size * (1 + config.hard_negatives))
+
+
+# No trivial predictor is scored beside a sparse model's search.
+baseline = health.no_baseline
+
+
 def contrastive_loss(queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """queries (B, V), candidates (C, V), candidate i the positive of query i → mean cross-entropy
     of the dot products (in-batch negatives: every other candidate)."""
@@ -191,7 +202,6 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
     if config.eval is None and config.train.startswith(BUILTIN_PREFIX):
         config.eval = BUILTIN_PREFIX + config.train[len(BUILTIN_PREFIX):].split(":")[0] + ":dev"
     from bertkit.encoder.config import BertConfig
-    from bertkit.train.finetune.setup import default_lr
 
     config.lr = config.lr or default_lr(BertConfig.from_json(directory).hidden_size)
     resume_from = None
@@ -260,10 +270,9 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         "train": report.to_dict(), "train_examples": len(pairs)}
     if config.eval:
         summary["eval"] = evaluate_sparse(out, config.eval)
-    chance = math.log(config.batch_size * (1 + config.hard_negatives))
     summary["warnings"] = health.collect(
         health.step_warning(step, examples=len(pairs), batch_size=config.batch_size, epochs=config.epochs),
-        health.loss_warning(summary["last_loss"], chance))
+        health.loss_warning(summary["last_loss"], chance_loss(config)))
     for warning in summary["warnings"]:
         log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)

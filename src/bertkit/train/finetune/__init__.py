@@ -1,5 +1,5 @@
 """Fine-tuning on the four downstream task types: classify, pair, ner, qa (and embed / rerank,
-trained by `train.retrieval`).
+trained by `train.retrieval`, and SPLADE's sparse, by `train.sparse`; `run_finetune` runs them all).
 
 `finetune(task, model, train, out_dir, eval_file=..., ...)` trains a task head on a pre-trained
 encoder (Devlin et al. 2019, section 4): full fine-tuning with AdamW, linear warmup then linear
@@ -29,24 +29,30 @@ Evaluation runs on the inference engine with the uses' own decoding (`task.py`),
 score is measured on what `bertkit classify|ner|qa` and `bertkit predict`
 (`inference.jobs.predict_file`) answer.
 
+    tasks.py   the task table: each task's trainer, settings, Task class, chance loss and
+               baseline; `run_finetune` and `finetune`, which run any task of it
     config.py  FinetuneConfig: every setting of a run
     task.py    the Task protocol and the three tasks (reading, labels, features, evaluation)
     setup.py   the tokenizer, the model, the device, the output directory
-    loop.py    the run: its epochs, the training state, resume
+    loop.py    the run on labelled data: its epochs, the training state, resume
 """
 
 from bertkit.train.finetune.config import TASKS, FinetuneConfig
-from bertkit.train.finetune.loop import (
-    CONFIG_FILE,
-    RUN_OUTPUTS,
-    features_digest,
+from bertkit.train.finetune.loop import CONFIG_FILE, RUN_OUTPUTS, features_digest, shuffled_batches, train_labelled
+from bertkit.train.finetune.setup import EVAL_FILE, METRICS_FILE, STEPS_FILE, build_model, device_for
+from bertkit.train.finetune.task import ClassifyTask, NerTask, QATask, Task
+from bertkit.train.finetune.tasks import (
+    TASK_CLASSES,
+    TASK_ROWS,
+    TaskRow,
     finetune,
+    finetune_settings,
+    row_of,
     run_finetune,
-    shuffled_batches,
 )
-from bertkit.train.finetune.setup import EVAL_FILE, METRICS_FILE, STEPS_FILE, build_model, default_lr, device_for
-from bertkit.train.finetune.task import TASK_CLASSES, ClassifyTask, NerTask, QATask, Task
+from bertkit.train.optim import default_lr
 
 __all__ = ["CONFIG_FILE", "EVAL_FILE", "METRICS_FILE", "RUN_OUTPUTS", "STEPS_FILE", "TASKS", "TASK_CLASSES",
-           "ClassifyTask", "FinetuneConfig", "NerTask", "QATask", "Task", "build_model",
-           "default_lr", "device_for", "features_digest", "finetune", "run_finetune", "shuffled_batches"]
+           "TASK_ROWS", "ClassifyTask", "FinetuneConfig", "NerTask", "QATask", "Task", "TaskRow", "build_model",
+           "default_lr", "device_for", "features_digest", "finetune", "finetune_settings", "row_of",
+           "run_finetune", "shuffled_batches", "train_labelled"]

@@ -6,19 +6,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from bertkit.backend.precision import PRECISIONS
+from bertkit.constants import FINETUNE_TASKS, TRAINING_PRECISIONS
 from bertkit.encoder.config import PRESETS
-from bertkit.encoder.tasks import FINETUNE_TASKS
 from bertkit.train import lora
 
-TASKS = tuple(FINETUNE_TASKS)  # classify, pair, ner, qa; embed and rerank: bertkit.train.retrieval
+# classify, pair, ner, qa (this file's settings), and embed, rerank, sparse (their trainers' own
+# settings take the fields they share with these: `tasks.TaskRow.from_finetune`).
+TASKS = FINETUNE_TASKS
 
 
 @dataclass
 class FinetuneConfig:
     """Every setting of a fine-tuning run; written to OUT_DIR/finetune_config.json."""
 
-    task: str  # classify | pair | ner | qa
+    task: str  # classify | pair | ner | qa (embed | rerank | sparse: see `tasks.py`)
     model: str  # model directory, or a preset name for random init (needs `tokenizer`)
     train: str  # training file, or builtin:NAME[:SPLIT]
     out_dir: str
@@ -106,8 +107,8 @@ class FinetuneConfig:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if self.resume and self.overwrite:
             problems.append("resume and overwrite exclude each other; pass one")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in TRAINING_PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.lora is not None:
             try:
                 lora.LoraSpec.parse(self.lora)

@@ -25,12 +25,11 @@ import torch
 from torch import nn
 
 from bertkit.backend.precision import autocast, resolve_precision
+from bertkit.constants import FINETUNE_CONFIG as CONFIG_FILE
 from bertkit.data import labelled
 from bertkit.data.formats.common import pad_batch
 from bertkit.encoder.config import PRESETS, BertConfig
-from bertkit.encoder.tasks import FINETUNE_CONFIG as CONFIG_FILE
-from bertkit.encoder.tasks import FINETUNE_TASKS
-from bertkit.train import health, lora, optim, retrieval
+from bertkit.train import health, lora, optim
 from bertkit.train import state as train_state
 from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.train.finetune.setup import (
@@ -38,14 +37,14 @@ from bertkit.train.finetune.setup import (
     METRICS_FILE,
     STEPS_FILE,
     build_model,
-    default_lr,
     device_for,
     load_best,
     load_tokenizer,
     save_model,
     start_out_dir,
 )
-from bertkit.train.finetune.task import TASK_CLASSES, Task
+from bertkit.train.finetune.task import Task
+from bertkit.train.optim import default_lr
 from bertkit.util.fileio import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -58,27 +57,13 @@ RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "eval_batch_si
                      "out_dir"}
 
 
-def finetune(task: str, model_dir: str, train_file: str, out_dir: str, *, eval_file: str | None = None,
-             **settings: Any) -> dict[str, Any]:
-    """Fine-tune `model_dir` (or a preset) on `train_file`; write the model to `out_dir`.
-
-    settings: any other `FinetuneConfig` field (epochs, lr, batch_size, freeze_encoder, patience,
-    max_length, tokenizer, test, ...). Returns the content of OUT_DIR/eval.json: the best epoch,
-    its eval metrics, the test metrics, data reports.
-    """
-    config = FinetuneConfig(task=task, model=str(model_dir), train=str(train_file), out_dir=str(out_dir),
-                            eval=None if eval_file is None else str(eval_file), **settings)
-    return run_finetune(config)
-
-
-def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
-    """Run one fine-tuning (see the module docstring); returns eval.json's content."""
-    if FINETUNE_TASKS[config.task].retrieval:
-        return retrieval.run(retrieval.from_finetune_config(config))
+def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, Any]:
+    """Run one fine-tuning on labelled data (see the module docstring), `task_class` reading,
+    labelling and scoring them; returns eval.json's content."""
     # Fail before any work; create OUT only once the inputs are good.
     out = train_state.check_run_outputs(config.out_dir, RUN_OUTPUTS, overwrite=config.overwrite, resume=config.resume)
     tokenizer = load_tokenizer(config)
-    task = TASK_CLASSES[config.task](config, tokenizer)
+    task = task_class(config, tokenizer)
 
     builtin = labelled.resolve_builtin(config.train)
     if builtin and builtin[1] == "train":  # a built-in set brings its own dev and test splits
@@ -168,7 +153,7 @@ def run_finetune(config: FinetuneConfig) -> dict[str, Any]:
         best = load_best(model, out, config, label_overrides).to(device)
         with autocast(device, precision):
             summary["test"] = task.evaluate(best, test[0], config.test)
-    summary["warnings"] = run_warnings(config, model.config, summary, early)
+    summary["warnings"] = run_warnings(config, task, model.config, summary, early)
     for warning in summary["warnings"][1 if early else 0:]:
         log.warning("warning: %s", warning)
     atomic_write_json(out / EVAL_FILE, summary)
@@ -334,22 +319,13 @@ def summary_of(config: FinetuneConfig, state: RunState, metric: str, reports: di
     return summary
 
 
-def run_warnings(config: FinetuneConfig, model_config: BertConfig, summary: dict[str, Any],
+def run_warnings(config: FinetuneConfig, task: Task, model_config: BertConfig, summary: dict[str, Any],
                  early: str | None) -> list[str]:
-    """What `train.health` finds in a finished run: too few steps, a loss still at chance, a
-    score no better than the trivial predictor's (the majority label; no entity found)."""
-    chance = health.chance_loss(config.task, num_labels=model_config.num_labels,
-                                regression=model_config.problem_type == "regression", max_length=config.max_length)
-    found = [early, health.loss_warning(summary.get("train_loss"), chance)]
-    metric = summary.get("metric")
+    """What `train.health` finds in a finished run: too few steps, a loss still at the task's
+    chance, a score no better than its trivial predictor's (the majority label; no entity found)."""
+    found = [early, health.loss_warning(summary.get("train_loss"), task.chance_loss(config, model_config))]
     for split in ("eval", "test"):
-        scores = summary.get(split) or {}
-        if config.task in ("classify", "pair"):
-            found.append(health.baseline_warning(metric, scores.get(metric), scores.get("majority_accuracy"),
-                                                 "always answering the most frequent label", split))
-        elif config.task == "ner":
-            found.append(health.baseline_warning(metric, scores.get(metric), 0.0 if scores else None,
-                                                 "tagging every word O", split))
+        found.append(task.baseline(summary.get(split) or {}, summary.get("metric"), split))
     return health.collect(*found)
 
 

@@ -73,23 +73,6 @@ def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[st
     return net
 
 
-def default_lr(hidden_size: int) -> float:
-    """The peak fine-tuning learning rate for an encoder of `hidden_size`.
-
-    Base and wider (768+): 3e-5, inside the 2e-5 … 5e-5 that BERT's authors searched (Devlin et
-    al. 2019, appendix A.3). The compact models need more: BERT-tiny pre-trained briefly by the
-    quickstart (600 steps), one epoch of the built-in sets (dev): zh-sentiment accuracy 0.529 at
-    3e-5 (the majority class), 0.799 at 1e-3; zh-ner entity F1 0.011 at 3e-5, 0.452 at 1e-3 (issue
-    13, item 8). Widths in between (small, medium: 512) take 1e-4, the highest rate Turc et al.
-    2019 searched for their compact BERTs.
-    """
-    if hidden_size >= 768:
-        return 3e-5
-    if hidden_size >= 512:
-        return 1e-4
-    return 1e-3
-
-
 def device_for(name: str) -> torch.device:
     """The device of a single-process run (fine-tuning and distillation do not run under torchrun)."""
     info = distributed.init_distributed(name)

@@ -27,6 +27,7 @@ from bertkit.inference import Engine
 from bertkit.inference.classify import example_scores
 from bertkit.inference.ner import tag_words
 from bertkit.inference.qa import answer_examples
+from bertkit.train import health
 from bertkit.train.finetune.config import FinetuneConfig
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,14 @@ class Task(Protocol):
     def evaluate(self, model: nn.Module, examples: Sequence, source: str) -> dict[str, Any]:
         """The metrics of `model` on labelled examples."""
 
+    @staticmethod
+    def chance_loss(config: FinetuneConfig, model_config: BertConfig) -> float | None:
+        """The training loss of a uniform guess (`train.health`), None where there is none."""
+
+    @staticmethod
+    def baseline(scores: dict[str, Any], metric: str, split: str) -> str | None:
+        """The warning for `scores` no better than a predictor that ignores its input."""
+
 
 class _EngineTask:
     """What the three tasks share: the tokenizer, and the inference engine over a model being
@@ -84,6 +93,12 @@ class _EngineTask:
             yield engine
         finally:
             model.train(was_training)
+
+
+def label_chance(config: FinetuneConfig, model_config: BertConfig) -> float | None:
+    """A classifier's or a tagger's chance loss: ln(labels), a uniform guess among the head's
+    outputs (none for a regression)."""
+    return None if model_config.problem_type == "regression" else health.uniform_guess(model_config.num_labels)
 
 
 def _read_builtin(spec: str, task: str, default_split: str) -> tuple[list, DataReport] | None:
@@ -172,6 +187,14 @@ class ClassifyTask(_EngineTask):
         return {"accuracy": scoring.accuracy(pred, gold), "macro_f1": scoring.macro_f1(pred, gold),
                 "majority_accuracy": majority, "n": len(gold)}
 
+    chance_loss = staticmethod(label_chance)
+
+    @staticmethod
+    def baseline(scores: dict[str, Any], metric: str, split: str) -> str | None:
+        """Always answering the evaluation set's most frequent label (none for a regression)."""
+        return health.baseline_warning(metric, scores.get(metric), scores.get("majority_accuracy"),
+                                       "always answering the most frequent label", split)
+
 
 class NerTask(_EngineTask):
     """Token classification with BIO / BIOES tags."""
@@ -236,6 +259,14 @@ class NerTask(_EngineTask):
         result["n"] = len(examples)
         return result
 
+    chance_loss = staticmethod(label_chance)
+
+    @staticmethod
+    def baseline(scores: dict[str, Any], metric: str, split: str) -> str | None:
+        """Tagging every word O: no entity found, an F1 of 0."""
+        return health.baseline_warning(metric, scores.get(metric), 0.0 if scores else None,
+                                       "tagging every word O", split)
+
 
 class QATask(_EngineTask):
     """Extractive QA on SQuAD v1.1 / v2.0 files."""
@@ -290,6 +321,9 @@ class QATask(_EngineTask):
         result["n"] = len(examples)
         return result
 
+    @staticmethod
+    def chance_loss(config: FinetuneConfig, model_config: BertConfig) -> float | None:
+        """ln(window) for the start and for the end: a uniform guess over the window's positions."""
+        return health.uniform_guess(config.max_length)
 
-TASK_CLASSES: dict[str, type[_EngineTask]] = {"classify": ClassifyTask, "pair": ClassifyTask, "ner": NerTask,
-                                              "qa": QATask}
+    baseline = staticmethod(health.no_baseline)

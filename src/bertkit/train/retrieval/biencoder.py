@@ -1,0 +1,91 @@
+"""The bi-encoder trainer (`finetune --task embed`): query and passage through one encoder,
+pooled and normalised, trained with in-batch negatives; OUT_DIR is a sentence-transformers model too.
+
+The loss is MultipleNegativesRankingLoss (Henderson et al. 2017; sentence-transformers' name): for
+B queries the candidates are the B positives plus each row's hard negatives, the logits are
+cosine × `scale` (20 as sentence-transformers, a temperature of 0.05) and the target of query i
+is its own positive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.train import health
+from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, encode
+from bertkit.util.fileio import atomic_write_json
+
+# sentence-transformers' default learning rate, for the bi-encoder's whole encoder.
+DEFAULT_LR = 2e-5
+
+
+def build(config: RetrievalTrainConfig) -> nn.Module:
+    """The encoder to train: the directory's encoder, without any head it has."""
+    from bertkit.encoder.model import BertModel
+
+    return BertModel.from_pretrained(Path(config.model))
+
+
+def chance_loss(config: RetrievalTrainConfig, model_config=None) -> float | None:
+    """ln(batch): a uniform guess among the batch's positives (hard negatives left aside)."""
+    return health.uniform_guess(config.batch_size)
+
+
+# No trivial predictor is scored beside a bi-encoder's search.
+baseline = health.no_baseline
+
+
+def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """(B, T, H) states + (B, T) mask → (B, H): mean over real tokens ([CLS]/[SEP] included), or [CLS]."""
+    if mode == "cls":
+        return hidden[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
+
+
+def multiple_negatives_ranking_loss(queries: torch.Tensor, candidates: torch.Tensor,
+                                    scale: float = 20.0) -> torch.Tensor:
+    """queries (B, H), candidates (C, H) with C ≥ B, candidate i the positive of query i and the
+    rest (other positives, hard negatives) its negatives → mean cross-entropy of scale × cosine."""
+    logits = scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T  # (B, C)
+    return F.cross_entropy(logits, torch.arange(len(queries), device=logits.device))
+
+
+
+def embed_loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, device) -> torch.Tensor:
+    """The in-batch loss of a batch of pairs: each query against every positive of the batch and
+    up to `hard_negatives` of each row's own negatives."""
+    candidates = [r.positive for r in rows]
+    candidates += [n for r in rows for n in r.negatives[:config.hard_negatives]]
+    q = encode(tokenizer, [r.query for r in rows], None, config.max_length, device)
+    d = encode(tokenizer, candidates, None, config.max_length, device)
+    qv = pool_padded(model(**q).last_hidden_state, q["attention_mask"], config.pooling)  # (B, H)
+    dv = pool_padded(model(**d).last_hidden_state, d["attention_mask"], config.pooling)  # (C, H)
+    return multiple_negatives_ranking_loss(qv, dv, config.scale)
+
+
+
+def write_sentence_transformers_files(out: Path, hidden_size: int, pooling: str, max_length: int,
+                                      normalize: bool = True) -> None:
+    """modules.json, 1_Pooling/config.json, sentence_bert_config.json: what makes a BertModel
+    directory a SentenceTransformer (and what `inference.Pooling.read` reads back)."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (out / "2_Normalize").mkdir(exist_ok=True)
+    atomic_write_json(out / "modules.json", modules)
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    atomic_write_json(out / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": hidden_size, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": False, "include_prompt": True})
+    atomic_write_json(out / "sentence_bert_config.json", {"max_seq_length": max_length,
+                                                          "do_lower_case": False})
+
