@@ -63,17 +63,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import EXPORT_USES
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
 from bertkit.encoder.packing import Padding
 from bertkit.inference import Engine
 from bertkit.inference.embed import POOLINGS
+from bertkit.inference.uses import USES
 from bertkit.util.fileio import check_writable_output, model_directory
 
 FORMATS = ("onnx", "openvino")
-TASKS = ("embed", "fill-mask", "classify", "rerank", "ner", "qa")
-OUTPUTS = {"embed": ("last_hidden_state",), "fill-mask": ("logits",), "classify": ("logits",),
-           "rerank": ("logits",), "ner": ("logits",), "qa": ("start_logits", "end_logits")}
+TASKS = EXPORT_USES
+# Each use's output names, as its record in `inference.uses` declares them (optimum's names).
+OUTPUTS = {task: USES[task].outputs for task in TASKS}
 FILES = {"onnx": ("onnx/model.onnx",), "openvino": ("openvino/openvino_model.xml", "openvino/openvino_model.bin")}
 # The largest |exported - bertkit| accepted at the export's own check (fp32; measured ~1e-6).
 CHECK_TOLERANCE = 1e-4
@@ -143,20 +145,11 @@ class PaddedGraph(nn.Module):
             return self.head(hidden, attention_mask)
 
     def head(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        model, task = self.model, self.task
-        if task == "embed":
-            if self.pooling is None:
-                return (hidden,)
-            return hidden, pool_padded(hidden, attention_mask, self.pooling, self.normalize)
-        if task == "fill-mask":
-            return (model.mlm(hidden, self.encoder.embeddings.word_embeddings.weight),)  # (B, T, V)
-        if task in ("classify", "rerank"):
-            first = hidden[:, 0]  # (B, H) the [CLS] state
-            pooled = torch.tanh(self.encoder.pooler(first)) if self.encoder.pooler is not None else None
-            return (model.sentence_logits(first, pooled),)  # (B, K)
-        if task == "ner":
-            return (model.classifier(model.dropout(hidden)),)  # (B, T, K)
-        return tuple(model.qa_outputs(model.dropout(hidden)).unbind(-1))  # (B, T) each
+        """(B, T, H) → the use's outputs (its record's `graph`), then sentence_embedding (B, H) when pooled."""
+        outputs = USES[self.task].graph(self.model, hidden)
+        if self.pooling is None:
+            return outputs
+        return (*outputs, pool_padded(hidden, attention_mask, self.pooling, self.normalize))
 
 
 def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
@@ -366,20 +359,13 @@ def check_export(work: Path, format: str, graph: PaddedGraph, engine: Engine, in
 
 def reference_outputs(graph: PaddedGraph, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """bertkit's answer for each exported output name, from the model's `forward` (padded path)."""
-    model, task = graph.model, graph.task
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    types = batch["token_type_ids"]
     with torch.inference_mode():
-        if task == "embed":
-            hidden = model(ids, types, mask).last_hidden_state  # (B, T, H), zeros at padding
-            found = {"last_hidden_state": hidden}
-            if graph.pooling is not None:
-                found["sentence_embedding"] = pool_padded(hidden, mask, graph.pooling, graph.normalize)
-            return found
-        if task == "qa":
-            out = model(ids, types, mask)
-            return {"start_logits": out.start_logits, "end_logits": out.end_logits}
-        return {"logits": model(ids, types, mask).logits}
+        out = graph.model(ids, batch["token_type_ids"], mask)  # the output names are its fields
+        found = {name: getattr(out, name) for name in OUTPUTS[graph.task]}
+        if graph.pooling is not None:  # embed: last_hidden_state (B, T, H), zeros at padding
+            found["sentence_embedding"] = pool_padded(out.last_hidden_state, mask, graph.pooling, graph.normalize)
+        return found
 
 
 def _move_into_place(work: Path, out: Path) -> None:

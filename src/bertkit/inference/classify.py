@@ -13,8 +13,9 @@ from typing import Any, Sequence
 import torch
 
 from bertkit.data.formats.classify import ClassifyExample, aggregate_windows, classify_features
+from bertkit.encoder.model import encoder_of
 from bertkit.encoder.tasks import label_names
-from bertkit.inference.common import as_texts, engine_for
+from bertkit.inference.common import Ids, Use, as_texts, column, engine_for, run_ids
 from bertkit.inference.engine import Batch, Engine
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
@@ -121,3 +122,61 @@ def rerank(model: Engine | str | os.PathLike, query: str, documents: Sequence[st
     scores = raw if raw_scores else raw.sigmoid()
     order = sorted(range(len(documents)), key=lambda i: (-float(scores[i]), i))[:top_k]
     return [{"index": i, "score": float(scores[i])} for i in order]
+
+
+# ---------------------------------------------------------------------------------------------
+# the uses' records: a file's chunks, a service's merged runs, the exported graph
+# ---------------------------------------------------------------------------------------------
+def classify_chunk(engine: Engine, options: dict[str, Any]):
+    """Records (with their pair texts, if the file has them) → `classify`'s dict per record."""
+    def classify_records(records):
+        pairs = [r.pair for r in records] if records[0].pair is not None else None
+        return classify(engine, [r.text for r in records], pairs, **options)
+    return classify_records
+
+
+def rerank_chunk(engine: Engine, options: dict[str, Any]):
+    """Records (documents) → {"score"} per record, its relevance to options' `query`, in file order."""
+    query = options.pop("query")
+
+    def score_records(records):
+        scored = rerank(engine, query, [r.text for r in records], **options)
+        by_index = {s["index"]: s["score"] for s in scored}
+        return [{"score": by_index[i]} for i in range(len(records))]
+    return score_records
+
+
+def run_logits(engine: Engine, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
+    """(K,) float32 classifier logits per sequence (a text or a pair): /predict and /rerank."""
+
+    def head(m, batch) -> torch.Tensor:
+        return m.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).logits.float().cpu()
+
+    return run_ids(engine, items, head)
+
+
+def sentence_graph(model, hidden: torch.Tensor) -> tuple[torch.Tensor]:
+    """(B, T, H) → ((B, K) logits,) from the [CLS] state, through the pooler where the head has one."""
+    encoder = encoder_of(model)
+    first = hidden[:, 0]  # (B, H) the [CLS] state
+    pooled = torch.tanh(encoder.pooler(first)) if encoder.pooler is not None else None
+    return (model.sentence_logits(first, pooled),)  # (B, K)
+
+
+def predict_reading(task: str, path, suffix: str, fmt: str, columns: dict[str, str | None], stride: int | None,
+                    saved: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """classify / pair: the text column (and the pair's), every window of a long text read."""
+    reading = {"text_field": column(columns, saved, "text_column", "text")}
+    if task == "pair":
+        reading["pair_field"] = column(columns, saved, "pair_column", "text_pair")
+        if suffix in (".txt", ".text"):  # a line is one text; a pair model would see half its input
+            raise ValueError(f"{path}: a .txt file holds single texts (one a line), but the model "
+                             "is for text pairs (task pair); give a CSV / TSV / JSONL file with "
+                             f"columns {reading['text_field']!r} and {reading['pair_field']!r}")
+    return fmt, reading, {"windows": True, "stride": stride}
+
+
+USE = Use("classify", classify, chunk=classify_chunk, runner=run_logits, outputs=("logits",),
+          graph=sentence_graph, predict_reading=predict_reading)
+RERANK_USE = Use("rerank", rerank, chunk=rerank_chunk, runner=run_logits, outputs=("logits",),
+                 graph=sentence_graph)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.encoder.model import encoder_of
-from bertkit.inference.common import as_texts, engine_for
+from bertkit.inference.common import Ids, Use, as_texts, engine_for, run_ids
 from bertkit.inference.engine import Batch, Engine
 
 POOLINGS = ("mean", "cls", "max")
@@ -119,3 +119,39 @@ def sentence_transformers_settings(model_dir: str | os.PathLike) -> dict[str, An
     if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
         raise ValueError(f"{file}: truncate_dim must be a positive integer, got {dim!r}")
     return {"prompts": dict(prompts), "default_prompt_name": default, "truncate_dim": dim}
+
+
+# ---------------------------------------------------------------------------------------------
+# the use's record: a file's chunks, a service's merged runs, the exported graph
+# ---------------------------------------------------------------------------------------------
+def embed_chunk(engine: Engine, options: dict[str, Any]):
+    """Records → (n, H) float32 NumPy rows, as `embed` gives them."""
+    return lambda records: embed(engine, [r.text for r in records], **options).numpy()
+
+
+def run_pooled(engine: Engine, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
+    """(H,) float32 pooled vector per sequence, not normalized (each request decides).
+    key: () pools as the model does, (mode,) by `mode` (an index built with another --pooling)."""
+    mode = key[0] if key else resolve_pooling(engine, None, None)[0]
+    encoder = encoder_of(engine.model)
+
+    def head(_model, batch) -> torch.Tensor:
+        hidden = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).hidden
+        return pool(hidden, batch, mode).cpu()  # (B, H)
+
+    return run_ids(engine, items, head)
+
+
+def run_token_vectors(engine: Engine, key: tuple, items: Sequence[Ids]) -> list[torch.Tensor]:
+    """(T, H) float32 last-layer state of every token of each sequence, specials included (TEI's /embed_all)."""
+    encoder = encoder_of(engine.model)
+
+    def head(_model, batch) -> list[torch.Tensor]:
+        hidden = encoder.forward_packed(batch.input_ids, batch.token_type_ids, batch.packed).hidden
+        return batch.split(hidden.float().cpu())  # [(T_i, H)]
+
+    return run_ids(engine, items, head)
+
+
+USE = Use("embed", embed, chunk=embed_chunk, runner=run_pooled, outputs=("last_hidden_state",),
+          graph=lambda model, hidden: (hidden,), npy=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -9,7 +10,8 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.inference.common import as_texts, engine_for
+from bertkit.encoder.model import encoder_of
+from bertkit.inference.common import Use, as_texts, engine_for
 from bertkit.inference.engine import Batch, Engine
 
 log = logging.getLogger(__name__)
@@ -95,3 +97,29 @@ def _target_ids(tokenizer, targets: Sequence[str]) -> list[int]:
 def load_masked_lm(model_dir: str | os.PathLike):
     """A BertForMaskedLM from any BERT dir with an MLM head (error without one)."""
     return Engine.load(model_dir, use="fill-mask").model
+
+
+# ---------------------------------------------------------------------------------------------
+# the use's record: a file's chunks, a service's merged runs, the exported graph
+# ---------------------------------------------------------------------------------------------
+def fill_mask_chunk(engine: Engine, options: dict[str, Any]):
+    """Records → {"masks": [[{"token", "token_id", "score"}, ...] per [MASK]]} per record."""
+    return lambda records: [{"masks": [[dataclasses.asdict(c) for c in mask] for mask in masks]}
+                            for masks in fill_mask(engine, [r.text for r in records], **options)]
+
+
+def run_fill_mask(engine: Engine, key: tuple, texts: Sequence[str]) -> list[list[list[dict]]]:
+    """key: (top_k, targets or None); per text, per [MASK], the candidates as dicts."""
+    top_k, targets = key
+    found = fill_mask(engine, list(texts), top_k=top_k, targets=list(targets) if targets else None)
+    return [[[{"token": c.token, "token_id": c.token_id, "score": c.score} for c in mask] for mask in text]
+            for text in found]
+
+
+def mlm_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor]:
+    """(B, T, H) → ((B, T, V) vocabulary logits,), the decoder tied to the word embeddings."""
+    return (model.mlm(hidden, encoder_of(model).embeddings.word_embeddings.weight),)
+
+
+USE = Use("fill-mask", fill_mask, chunk=fill_mask_chunk, runner=run_fill_mask, outputs=("logits",),
+          graph=mlm_logits)

@@ -14,61 +14,18 @@ JSON for a QA model.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from bertkit.constants import FINETUNE_CONFIG
 from bertkit.encoder import tasks
 from bertkit.encoder.config import BertConfig
-from bertkit.inference.classify import classify, rerank
-from bertkit.inference.embed import embed
 from bertkit.inference.engine import Engine
 from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, run_file
-from bertkit.inference.fill_mask import fill_mask
-from bertkit.inference.ner import ner, ner_words
-from bertkit.inference.qa import qa
+from bertkit.inference.uses import USES, use_row
 from bertkit.util.fileio import check_writable_output, model_directory
-
-USES = ("embed", "embed-sparse", "fill-mask", "classify", "ner", "qa", "rerank")
-
-
-def chunk_function(use: str, engine: Engine, options: dict[str, Any]) -> Callable[[list], Any]:
-    """The function from a chunk of `files.Record`s to their results, for `use`."""
-    if use == "embed":
-        return lambda records: embed(engine, [r.text for r in records], **options).numpy()
-    if use == "embed-sparse":  # JSON Lines of {"indices", "values"}: the shape Qdrant and TEI take
-        from bertkit.inference.sparse import embed_sparse
-
-        return lambda records: [{"indices": ix.tolist(), "values": v.tolist()}
-                                for ix, v in embed_sparse(engine, [r.text for r in records], **options)]
-    if use == "fill-mask":
-        return lambda records: [{"masks": [[dataclasses.asdict(c) for c in mask] for mask in masks]}
-                                for masks in fill_mask(engine, [r.text for r in records], **options)]
-    if use == "classify":
-        def classify_chunk(records):
-            pairs = [r.pair for r in records] if records[0].pair is not None else None
-            return classify(engine, [r.text for r in records], pairs, **options)
-        return classify_chunk
-    if use == "ner":
-        def ner_chunk(records):
-            if records[0].words is not None:  # pre-split words (CoNLL): tags per word too
-                return ner_words(engine, [r.words for r in records], **options)
-            return [{"entities": e} for e in ner(engine, [r.text for r in records], **options)]
-        return ner_chunk
-    if use == "qa":
-        return lambda records: [{"answers": a} for a in qa(engine, [r.text for r in records],
-                                                            [r.pair for r in records], **options)]
-    if use == "rerank":
-        query = options.pop("query")
-
-        def score_chunk(records):
-            scored = rerank(engine, query, [r.text for r in records], **options)
-            by_index = {s["index"]: s["score"] for s in scored}
-            return [{"score": by_index[i]} for i in range(len(records))]
-        return score_chunk
-    raise ValueError(f"unknown use {use!r}; choose one of {', '.join(USES)}")
 
 
 def output_kind(use: str, out_path: str | os.PathLike) -> str:
@@ -76,13 +33,15 @@ def output_kind(use: str, out_path: str | os.PathLike) -> str:
     NumPy array (.npy) for embed. Any other suffix is refused rather than filled with JSON Lines
     under a name that promises another format (a .csv, a .txt)."""
     suffix = Path(out_path).suffix.lower()
+    npy = use_row(use).npy
     if suffix == ".npy":
-        if use != "embed":
-            raise ValueError(f"--out {out_path}: only embed writes .npy; give {use} a .jsonl output")
+        if not npy:
+            writers = " / ".join(name for name, row in USES.items() if row.npy)
+            raise ValueError(f"--out {out_path}: only {writers} writes .npy; give {use} a .jsonl output")
         return "npy"
     if suffix == ".jsonl":
         return "jsonl"
-    kinds = "JSON Lines (.jsonl) or a NumPy array (.npy)" if use == "embed" else "JSON Lines (.jsonl)"
+    kinds = "JSON Lines (.jsonl) or a NumPy array (.npy)" if npy else "JSON Lines (.jsonl)"
     raise ValueError(f"--out {out_path}: {use} writes {kinds}, not {suffix or 'a file without a suffix'}; "
                      f"name the output {Path(out_path).with_suffix('.jsonl').name}")
 
@@ -97,15 +56,15 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
     options: the use's own keyword arguments (pooling, top_k, targets, query, ...). They, the
     model and the precision are recorded, so `resume` refuses to continue with other settings.
     """
-    if use == "qa" and pair_field is None and fmt != "squad":
-        raise ValueError("qa over a file needs the context column: pass --pair-field (e.g. context) "
-                         "and --text-field for the question")
+    row = use_row(use)
+    if row.check_file is not None:
+        row.check_file(pair_field, fmt)
     out = Path(out_path)
     kind = output_kind(use, out)
     settings = {"use": use, "model": str(Path(engine.model_dir).resolve()) if engine.model_dir else None,
                 "precision": engine.precision, "max_length": engine.max_length,
                 "truncate": engine.truncate, **options}
-    return run_file(input_path, out, chunk_function(use, engine, dict(options)), kind=kind,
+    return run_file(input_path, out, row.chunk(engine, dict(options)), kind=kind,
                     dim=(options.get("truncate_dim") or engine.config.hidden_size) if kind == "npy" else None,
                     chunk_size=chunk_size,
                     resume=resume, overwrite=overwrite, progress=progress, settings=settings, fmt=fmt,
@@ -150,7 +109,7 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
     config = BertConfig.from_json(directory)
     task = task or saved.get("task") or tasks.finetune_task_of(config)
     if task is None:
-        raise ValueError(f"{directory} has no {tasks.FINETUNE_CONFIG} and its config.json names no "
+        raise ValueError(f"{directory} has no {FINETUNE_CONFIG} and its config.json names no "
                          f"task head; pass --task ({', '.join(tasks.PREDICT_TASKS)})")
     if task not in tasks.PREDICT_TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(tasks.PREDICT_TASKS)}")
@@ -181,41 +140,16 @@ def _predict_reading(task: str, path: Path, fmt: str, columns: dict[str, str | N
     """(format, reading fields, the use's options) of `predict_file` for a task and an input.
     fmt: the caller's format, or "auto" (by the suffix); columns: the caller's text_column /
     pair_column / tokens_key (None: as saved, or the default)."""
-    def column(key: str, default: str) -> str:
-        return columns[key] or saved.get(key) or default
-
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     suffix = FORMAT_SUFFIXES[fmt] if fmt != "auto" else path.suffix.lower()
-    if task in ("classify", "pair"):
-        reading = {"text_field": column("text_column", "text")}
-        if task == "pair":
-            reading["pair_field"] = column("pair_column", "text_pair")
-            if suffix in (".txt", ".text"):  # a line is one text; a pair model would see half its input
-                raise ValueError(f"{path}: a .txt file holds single texts (one a line), but the model "
-                                 "is for text pairs (task pair); give a CSV / TSV / JSONL file with "
-                                 f"columns {reading['text_field']!r} and {reading['pair_field']!r}")
-        return fmt, reading, {"windows": True, "stride": stride}
-    if task == "ner":
-        if suffix in (".txt", ".text"):
-            return "txt", {}, {"stride": stride}
-        if suffix in (".jsonl", ".json", ".ndjson"):
-            return "jsonl", {"words_field": column("tokens_key", "tokens")}, {"stride": stride}
-        return "conll", {}, {"stride": stride}
-    qa_options = {"doc_stride": stride or 128, "max_answer_length": saved.get("max_answer_length", 30),
-                  "max_question_length": saved.get("max_query_length", 64),
-                  "allow_no_answer": bool(saved.get("version_2_with_negative")),
-                  "null_score_diff_threshold": saved.get("null_score_diff_threshold", 0.0)}
-    if suffix == ".json":
-        return "squad", {}, qa_options
-    # QA rows: fine-tuning read SQuAD files, so its column settings are not these.
-    return fmt, {"text_field": columns["text_column"] or "question",
-                    "pair_field": columns["pair_column"] or "context"}, qa_options
+    reading = use_row(tasks.FINETUNE_TASKS[task].use).predict_reading
+    return reading(task, path, suffix, fmt, columns, stride, saved)
 
 
 def _finetune_settings(directory: Path) -> dict[str, Any]:
     """The settings `bertkit finetune` recorded in the directory ({} for another model)."""
-    path = directory / tasks.FINETUNE_CONFIG
+    path = directory / FINETUNE_CONFIG
     if not path.is_file():
         return {}
     try:

@@ -18,7 +18,7 @@ import torch
 
 from bertkit.data.formats import ner as tasks_ner
 from bertkit.encoder.tasks import label_names
-from bertkit.inference.common import as_texts, engine_for
+from bertkit.inference.common import Use, as_texts, column, engine_for
 from bertkit.inference.engine import Batch, Engine
 
 
@@ -114,3 +114,39 @@ def ner_words(model: Engine | str | os.PathLike, sentences: Sequence[Sequence[st
         entities = [] if tagged.log_probs is None else tagged.entities(split, names)
         out.append({"tokens": list(words), "tags": tagged.tags, "entities": entities})
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the use's record: a file's chunks, a service's merged runs, the exported graph
+# ---------------------------------------------------------------------------------------------
+def ner_chunk(engine: Engine, options: dict[str, Any]):
+    """Records → {"entities"} per raw text, or `ner_words`' tags per word for pre-split words."""
+    def ner_records(records):
+        if records[0].words is not None:  # pre-split words (CoNLL): tags per word too
+            return ner_words(engine, [r.words for r in records], **options)
+        return [{"entities": e} for e in ner(engine, [r.text for r in records], **options)]
+    return ner_records
+
+
+def run_ner(engine: Engine, key: tuple, texts: Sequence[str]) -> list[list[dict]]:
+    """The entities of each text (no options: key is ())."""
+    return ner(engine, list(texts))
+
+
+def token_graph(model, hidden: torch.Tensor) -> tuple[torch.Tensor]:
+    """(B, T, H) → ((B, T, K) tag logits,)."""
+    return (model.classifier(model.dropout(hidden)),)
+
+
+def predict_reading(task: str, path, suffix: str, fmt: str, columns: dict[str, str | None], stride: int | None,
+                    saved: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """ner: raw text (.txt), JSON Lines words (.jsonl / .json / .ndjson), else CoNLL."""
+    if suffix in (".txt", ".text"):
+        return "txt", {}, {"stride": stride}
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl", {"words_field": column(columns, saved, "tokens_key", "tokens")}, {"stride": stride}
+    return "conll", {}, {"stride": stride}
+
+
+USE = Use("ner", ner, chunk=ner_chunk, runner=run_ner, outputs=("logits",), graph=token_graph,
+          predict_reading=predict_reading)

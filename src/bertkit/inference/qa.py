@@ -27,8 +27,10 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
+import torch
+
 from bertkit.data.formats.qa import QAExample, QAPrediction, QASettings, decode_answers, qa_features
-from bertkit.inference.common import as_texts, engine_for
+from bertkit.inference.common import Use, as_texts, engine_for
 from bertkit.inference.engine import Engine
 from bertkit.inference.ner import token_logits
 
@@ -72,3 +74,50 @@ def answer_examples(engine: Engine, examples: Sequence[QAExample], settings: QAS
     spans = token_logits(engine, encoded.features, field="spans")  # (T_f, 2) per feature
     return decode_answers([s[:, 0] for s in spans], [s[:, 1] for s in spans], examples, encoded, settings,
                           allow_no_answer)
+
+
+# ---------------------------------------------------------------------------------------------
+# the use's record: a file's chunks, a service's merged runs, the exported graph
+# ---------------------------------------------------------------------------------------------
+def qa_chunk(engine: Engine, options: dict[str, Any]):
+    """Records (question as the text, context as the pair) → {"answers"} per record."""
+    return lambda records: [{"answers": a} for a in qa(engine, [r.text for r in records],
+                                                        [r.pair for r in records], **options)]
+
+
+def check_qa_file(pair_field: str | None, fmt: str) -> None:
+    """A question needs its context: a file of rows must name the context column (SQuAD JSON
+    holds both)."""
+    if pair_field is None and fmt != "squad":
+        raise ValueError("qa over a file needs the context column: pass --pair-field (e.g. context) "
+                         "and --text-field for the question")
+
+
+def run_qa(engine: Engine, key: tuple, pairs: Sequence[tuple[str, str]]) -> list[list[dict]]:
+    """key: (top_k, max_answer_length, allow_no_answer); items: (question, context) pairs."""
+    top_k, max_answer_length, allow_no_answer = key
+    return qa(engine, [q for q, _ in pairs], [c for _, c in pairs], top_k=top_k,
+              max_answer_length=max_answer_length, allow_no_answer=allow_no_answer)
+
+
+def span_graph(model, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(B, T, H) → ((B, T) start logits, (B, T) end logits)."""
+    return tuple(model.qa_outputs(model.dropout(hidden)).unbind(-1))
+
+
+def predict_reading(task: str, path, suffix: str, fmt: str, columns: dict[str, str | None], stride: int | None,
+                    saved: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """qa: SQuAD JSON (.json), else rows of question and context; the lengths fine-tuning used."""
+    options = {"doc_stride": stride or 128, "max_answer_length": saved.get("max_answer_length", 30),
+               "max_question_length": saved.get("max_query_length", 64),
+               "allow_no_answer": bool(saved.get("version_2_with_negative")),
+               "null_score_diff_threshold": saved.get("null_score_diff_threshold", 0.0)}
+    if suffix == ".json":
+        return "squad", {}, options
+    # QA rows: fine-tuning read SQuAD files, so its column settings are not these.
+    return fmt, {"text_field": columns["text_column"] or "question",
+                 "pair_field": columns["pair_column"] or "context"}, options
+
+
+USE = Use("qa", qa, chunk=qa_chunk, runner=run_qa, outputs=("start_logits", "end_logits"), graph=span_graph,
+          check_file=check_qa_file, predict_reading=predict_reading)

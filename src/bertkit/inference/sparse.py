@@ -30,7 +30,7 @@ import torch
 
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
-from bertkit.inference.common import as_texts
+from bertkit.inference.common import Ids, Use, as_texts, run_ids
 from bertkit.inference.engine import Batch, Engine, sentence_transformers_modules
 
 # Token rows per vocabulary projection: 512 × 30,522 fp32 logits are 62 MB, large enough for
@@ -178,3 +178,23 @@ def decode(tokenizer, indices: torch.Tensor, values: torch.Tensor, top_k: int | 
         order = order[:top_k]
     tokens = tokenizer.convert_ids_to_tokens([int(indices[k]) for k in order])
     return [(t, float(values[k])) for t, k in zip(tokens, order)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the use's record: a file's chunks, a service's merged runs (SPLADE has no graph of its own:
+# an export of the masked-LM head gives the logits its weights come from)
+# ---------------------------------------------------------------------------------------------
+def sparse_chunk(engine: Engine, options: dict[str, Any]):
+    """Records → {"indices", "values"} per record: the shape Qdrant and TEI take."""
+    return lambda records: [{"indices": ix.tolist(), "values": v.tolist()}
+                            for ix, v in embed_sparse(engine, [r.text for r in records], **options)]
+
+
+def run_sparse(engine: Engine, key: tuple, items: Sequence[Ids]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(indices, values) SPLADE weights per sequence. key: (SpladePooling,) or () for the model's
+    own settings (`SpladePooling.read`)."""
+    pooling = key[0] if key else SpladePooling.read(engine.model_dir)
+    return run_ids(engine, items, lambda m, batch: splade_weights(m, batch, pooling, None))
+
+
+USE = Use("embed-sparse", embed_sparse, chunk=sparse_chunk, runner=run_sparse)
