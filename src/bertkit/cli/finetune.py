@@ -1,5 +1,5 @@
-"""Fine-tuning: finetune (classify, pair, ner, qa, embed, rerank), predict with the result, and the
-built-in labelled data sets to try it on."""
+"""Fine-tuning: finetune (every task of the library's table: classify, pair, ner, qa, embed, rerank,
+sparse), predict with the result, and the built-in labelled data sets to try it on."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ class FinetuneTask:
     name: str  # "pair"
     kind: str  # the head it trains (HEADS)
     use: str  # the engine use that runs the result (predict, evaluation)
-    retrieval: bool = False  # trained by bertkit.train.retrieval (bi-encoder / cross-encoder)
+    retrieval: bool = False  # a retrieval model (bi-encoder, cross-encoder, SPLADE): `predict` does not run it
 
 
 FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
