@@ -55,7 +55,8 @@ class TaskRow:
         return heads.FINETUNE_TASKS[self.name]
 
 
-def _refuse(options: dict[str, Any], names: tuple[str, ...], tasks: str, task: str) -> None:
+def _refuse(options: dict[str, Any], names: tuple[str, ...], tasks: str, task: str | None) -> None:
+    """A ValueError naming the first of `names` given, as its flag, for a task that takes none."""
     given = [k for k in names if k in options]
     if given:
         raise ValueError(f"--{given[0].replace('_', '-')} applies to --task {tasks} only, not {task}")
@@ -92,13 +93,17 @@ def _sparse_from_finetune(config: FinetuneConfig) -> sparse.SparseTrainConfig:
 
 
 def _labelled(name: str, task_class: type[Task]) -> TaskRow:
-    return TaskRow(name, partial(train_labelled, task_class=task_class), FinetuneConfig, _labelled_options,
-                   lambda config: config, task_class.chance_loss, task_class.baseline, task_class)
+    """A task on labelled data: the one loop, with `task_class` reading and scoring them."""
+    return TaskRow(name, trainer=partial(train_labelled, task_class=task_class), settings=FinetuneConfig,
+                   from_options=_labelled_options, from_finetune=lambda config: config,
+                   chance_loss=task_class.chance_loss, baseline=task_class.baseline, task_class=task_class)
 
 
-def _retrieval(name: str, trainer) -> TaskRow:
-    return TaskRow(name, retrieval.run, retrieval.RetrievalTrainConfig, _retrieval_options,
-                   retrieval.from_finetune_config, trainer.chance_loss, trainer.baseline)
+def _retrieval(name: str, parts) -> TaskRow:
+    """A retrieval model: the shared run, with the bi-encoder's or the cross-encoder's `parts`."""
+    return TaskRow(name, trainer=retrieval.run, settings=retrieval.RetrievalTrainConfig,
+                   from_options=_retrieval_options, from_finetune=retrieval.from_finetune_config,
+                   chance_loss=parts.chance_loss, baseline=parts.baseline)
 
 
 TASK_ROWS: dict[str, TaskRow] = {row.name: row for row in (
@@ -108,8 +113,8 @@ TASK_ROWS: dict[str, TaskRow] = {row.name: row for row in (
     _labelled("qa", QATask),
     _retrieval("embed", biencoder),
     _retrieval("rerank", crossencoder),
-    TaskRow("sparse", sparse.run, sparse.SparseTrainConfig, _sparse_options, _sparse_from_finetune,
-            sparse.chance_loss, sparse.baseline),
+    TaskRow("sparse", trainer=sparse.run, settings=sparse.SparseTrainConfig, from_options=_sparse_options,
+            from_finetune=_sparse_from_finetune, chance_loss=sparse.chance_loss, baseline=sparse.baseline),
 )}
 # The Task class of each labelled task (distillation reads and scores its data with them).
 TASK_CLASSES: dict[str, type[Task]] = {name: row.task_class for name, row in TASK_ROWS.items() if row.task_class}

@@ -9,6 +9,7 @@ is its own positive.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
@@ -39,6 +40,30 @@ def chance_loss(config: RetrievalTrainConfig, model_config=None) -> float | None
 baseline = health.no_baseline
 
 
+def prepare(pairs: list[Pair], config: RetrievalTrainConfig) -> list[Pair]:
+    """The pairs themselves: every epoch trains on all of them, with their own negatives."""
+    return pairs
+
+
+def epoch_examples(pairs: list[Pair], config: RetrievalTrainConfig, rng: random.Random) -> list[Pair]:
+    return pairs
+
+
+def count_pairs(examples: list[Pair], config: RetrievalTrainConfig) -> int:
+    return len(examples)
+
+
+def pooling(config: RetrievalTrainConfig) -> str | None:
+    """The sentence pooling the model is trained with (a LoRA side file records it)."""
+    return config.pooling
+
+
+def save_extras(model: nn.Module, tokenizer, out: Path, config: RetrievalTrainConfig, adapters: bool) -> None:
+    """The sentence-transformers files beside a full model (an adapter's side file says its pooling)."""
+    if not adapters:
+        write_sentence_transformers_files(out, model.config.hidden_size, config.pooling, config.max_length)
+
+
 def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
     """(B, T, H) states + (B, T) mask → (B, H): mean over real tokens ([CLS]/[SEP] included), or [CLS]."""
     if mode == "cls":
@@ -56,7 +81,7 @@ def multiple_negatives_ranking_loss(queries: torch.Tensor, candidates: torch.Ten
 
 
 
-def embed_loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, device) -> torch.Tensor:
+def loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, device) -> torch.Tensor:
     """The in-batch loss of a batch of pairs: each query against every positive of the batch and
     up to `hard_negatives` of each row's own negatives."""
     candidates = [r.positive for r in rows]

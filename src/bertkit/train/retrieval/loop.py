@@ -60,11 +60,8 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     if config.lora:
         log.info("%s", lora.apply_lora(model, lora.LoraSpec.parse(config.lora)).summary())
     config.lr = config.lr or trainer.DEFAULT_LR
-    groups = crossencoder.rerank_groups(pairs, config) if config.task == "rerank" else []
-    if config.task == "embed":
-        examples: list[Any] = pairs
-    else:
-        examples = crossencoder.rerank_epoch(groups, config, rng)
+    pool = trainer.prepare(pairs, config)
+    examples = trainer.epoch_examples(pool, config, rng)
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
     total = steps_per_epoch * config.epochs
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
@@ -75,18 +72,15 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
 
     steps, step = [], 0
     model.train()
-    n_pairs = sum(1 + len(e[2]) for e in examples) if config.loss == "listwise" and groups else len(examples)
+    n_pairs = trainer.count_pairs(examples, config)
     for epoch in range(1, config.epochs + 1):
-        if groups and epoch > 1:  # fresh negatives from each query's pool
-            examples = crossencoder.rerank_epoch(groups, config, rng)
+        if epoch > 1:  # a cross-encoder draws fresh negatives from each query's pool
+            examples = trainer.epoch_examples(pool, config, rng)
         order = list(range(len(examples)))
         rng.shuffle(order)
         batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
         for batch in tqdm(batches, desc=f"epoch {epoch}/{config.epochs}", disable=not config.progress):
-            if config.task == "embed":
-                loss = biencoder.embed_loss(model, tokenizer, [examples[i] for i in batch], config, device)
-            else:
-                loss = crossencoder.rerank_loss(model, tokenizer, [examples[i] for i in batch], config, device)
+            loss = trainer.loss(model, tokenizer, [examples[i] for i in batch], config, device)
             optimizer_step(loss, model, optimizer, schedule, config.max_grad_norm, step)
             step += 1
             steps.append({"step": step, "epoch": epoch, "loss": loss.item(),
@@ -95,17 +89,11 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     adapters = bool(config.lora) and config.lora_save == "adapters"
     if config.lora:
         lora.save_lora(model, out, config.lora_save, str(Path(config.model).resolve()), use=config.task,
-                       max_length=config.max_length, pooling=config.pooling if config.task == "embed" else None)
+                       max_length=config.max_length, pooling=trainer.pooling(config))
     else:
         model.save_pretrained(out)
-    if config.task == "rerank":
-        # The pair length it was trained at is the one to score at: load_reranker and
-        # sentence-transformers' CrossEncoder both read it from tokenizer_config.json. Scoring
-        # BBC bodies at the model's 512 instead cost 4.5x the time of 128.
-        tokenizer.model_max_length = config.max_length
+    trainer.save_extras(model, tokenizer, out, config, adapters)
     tokenizer.save_pretrained(out)
-    if config.task == "embed" and not adapters:
-        biencoder.write_sentence_transformers_files(out, model.config.hidden_size, config.pooling, config.max_length)
     atomic_write_text(out / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in steps))
     losses = [s["loss"] for s in steps]
     summary: dict[str, Any] = {
@@ -126,7 +114,10 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
 
 
 def _trainer(config: RetrievalTrainConfig):
-    """The module of `config.task`'s trainer: its model, default rate, chance loss and baseline."""
+    """The module of `config.task`'s trainer (`biencoder`, `crossencoder`), which this run calls
+    for what differs: `build` the model, `DEFAULT_LR`, `prepare` the pairs and draw an epoch's
+    `epoch_examples` from them, `count_pairs`, the batch `loss`, the `pooling` a LoRA side file
+    records, the files it `save_extras` beside the model, its `chance_loss` and `baseline`."""
     return biencoder if config.task == "embed" else crossencoder
 
 
