@@ -46,7 +46,7 @@ from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health
 from bertkit.train import state as train_state
 from bertkit.train.optim import default_lr
-from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
+from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, evaluation_set, optimizer_step, read_pairs
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
 
 log = logging.getLogger(__name__)
@@ -344,14 +344,7 @@ def evaluate_sparse(model_dir: str | Path, spec: str, *, top_k: int | None = Non
     from bertkit.retrieval.metrics import evaluate_run
     from bertkit.retrieval.sparse import SparseIndex, postings
 
-    pairs, _ = read_pairs(spec, default_split="dev")
-    if spec.startswith(BUILTIN_PREFIX):
-        from bertkit.retrieval.datasets import load_retrieval
-
-        corpus = list(load_retrieval(spec[len(BUILTIN_PREFIX):].split(":")[0]).corpus.values())
-    else:
-        corpus = sorted({p.positive for p in pairs} | {n for p in pairs for n in p.negatives})
-    position = {text: i for i, text in enumerate(corpus)}
+    pairs, corpus, qrels = evaluation_set(spec)
     engine = sparse_engine(model_dir)
     docs = embed_sparse(engine, corpus, top_k=top_k)
     queries = embed_sparse(engine, [p.query for p in pairs])
@@ -361,7 +354,6 @@ def evaluate_sparse(model_dir: str | Path, spec: str, *, top_k: int | None = Non
     for i, q in enumerate(queries):
         s = side.scores([q])[0]
         run_[str(i)] = [str(j) for j in sorted(np.argsort(-s)[:100].tolist(), key=lambda j: (-s[j], j))]
-    qrels = {str(i): {str(position[p.positive])} for i, p in enumerate(pairs)}
     scores = {k: round(v, 4) if isinstance(v, float) else v for k, v in evaluate_run(run_, qrels).items()}
     scores["query_terms"] = round(float(np.mean([len(ix) for ix, _ in queries])), 1)
     scores["document_terms"] = round(float(np.mean([len(ix) for ix, _ in docs])), 1)

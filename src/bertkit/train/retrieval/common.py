@@ -222,6 +222,22 @@ def _tsv_pairs(path: Path, text: str, report: DataReport) -> list[Pair]:
 
 
 
+def evaluation_set(spec: str) -> tuple[list[Pair], list[str], dict[str, set[str]]]:
+    """What a trained retriever is scored on: `spec`'s queries (a built-in set's dev split), the
+    corpus searched (a built-in set's whole corpus, else every passage of the file) and the qrels
+    (query i → its positive's position in the corpus, both as text)."""
+    pairs, _ = read_pairs(spec, default_split="dev")
+    if spec.startswith(BUILTIN_PREFIX):
+        from bertkit.retrieval.datasets import load_retrieval
+
+        corpus = list(load_retrieval(spec[len(BUILTIN_PREFIX):].split(":")[0]).corpus.values())
+    else:
+        corpus = sorted({p.positive for p in pairs} | {n for p in pairs for n in p.negatives})
+    position = {text: i for i, text in enumerate(corpus)}
+    qrels = {str(i): {str(position[p.positive])} for i, p in enumerate(pairs)}
+    return pairs, corpus, qrels
+
+
 def encode(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, device):
     """Texts (or text pairs) as a padded batch on `device`: input_ids, token_type_ids,
     attention_mask, each (B, T)."""

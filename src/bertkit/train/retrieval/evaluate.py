@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bertkit.train.retrieval.common import BUILTIN_PREFIX, read_pairs
+from bertkit.train.retrieval.common import evaluation_set
 
 
 def evaluate(model_dir: Any, task: str, spec: str, *, candidates: int = 20,
@@ -23,15 +23,7 @@ def evaluate(model_dir: Any, task: str, spec: str, *, candidates: int = 20,
     from bertkit.retrieval.metrics import evaluate_run
     from bertkit.retrieval.search import load_reranker, top_k_inner_product
 
-    pairs, _ = read_pairs(spec, default_split="dev")
-    if spec.startswith(BUILTIN_PREFIX):
-        from bertkit.retrieval.datasets import load_retrieval
-
-        corpus = list(load_retrieval(spec[len(BUILTIN_PREFIX):].split(":")[0]).corpus.values())
-    else:
-        corpus = sorted({p.positive for p in pairs} | {n for p in pairs for n in p.negatives})
-    position = {text: i for i, text in enumerate(corpus)}
-    qrels = {str(i): {str(position[p.positive])} for i, p in enumerate(pairs)}
+    pairs, corpus, qrels = evaluation_set(spec)
     run: dict[str, list[str]] = {}
     reranker = None
     if task == "rerank":  # a model dir, or an adapter's engine (LoRA saved as adapters)
