@@ -63,11 +63,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import POOLINGS
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
 from bertkit.encoder.packing import Padding
 from bertkit.inference import Engine
-from bertkit.inference.embed import POOLINGS
 from bertkit.util.fileio import check_writable_output, model_directory
 
 FORMATS = ("onnx", "openvino")

@@ -37,6 +37,7 @@ from torch import nn
 
 from bertkit.adapters.files import MODULES, AdapterError, AdapterFiles, fingerprint, read_adapter
 from bertkit.adapters.routed import RoutedLinear, Routing
+from bertkit.constants import label_name
 from bertkit.encoder.heads import use_class
 from bertkit.encoder.model import BertModel, EncoderLayer, encoder_of
 from bertkit.inference.embed import pool
@@ -171,7 +172,7 @@ class AdapterHost:
             if count < 1:
                 raise AdapterError(f"{files.directory}: a {files.use} adapter without a classifier "
                                    "(classifier.weight) or labels")
-            names = files.labels or [f"LABEL_{i}" for i in range(count)]
+            names = files.labels or [label_name(i) for i in range(count)]
             config = config.replace(id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
                                     problem_type=files.problem_type)
         # Built over a one-layer stand-in encoder (a few kB; the meta device would do, but its first

@@ -28,11 +28,11 @@ import time
 
 import torch
 
+from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.util.fileio import atomic_write_json, cache_dir
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # (device type, threads, precision) → GFLOP/s; None = the precision does not run there.
@@ -199,8 +199,8 @@ def fastest_precision(device: torch.device | str = "cpu",
 def resolve_precision(requested: str, device: torch.device | str = "cpu") -> str:
     """"fp32" / "bf16" as given; "auto" → bf16 on a CUDA GPU that supports it, else the precision
     measured fastest here (`fastest_precision`)."""
-    if requested not in PRECISIONS:
-        raise ValueError(f"unknown precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
+    if requested not in TRAINING_PRECISIONS:
+        raise ValueError(f"unknown precision {requested!r}; choose one of {', '.join(TRAINING_PRECISIONS)}")
     if requested != "auto":
         return requested
     device = _device(device)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit.constants import label_name
 from bertkit.util.fileio import atomic_write_json
 
 # Activations the encoder implements; the names are those `config.json` files use.
@@ -216,7 +217,7 @@ class BertConfig:
         extra.update({k: v for k, v in values.items() if k not in known and k not in ("extra", "num_labels")})
         num_labels = values.get("num_labels")
         if num_labels is not None and kwargs.get("id2label") is None:
-            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(num_labels))}
+            kwargs["id2label"] = {i: label_name(i) for i in range(int(num_labels))}
         if kwargs.get("model_type", "bert") not in FAMILIES:
             raise ValueError(f"model_type {kwargs['model_type']!r} is not in the BERT family bertkit "
                              f"implements ({', '.join(FAMILIES)}); convert the checkpoint to one of them")

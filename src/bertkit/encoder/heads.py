@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.encoder import modern, tasks
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
-from bertkit.encoder.model import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
 from bertkit.encoder.packing import Packed
 
 

@@ -54,12 +54,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.encoder import fused, modern, ops
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.packing import Packed, Padding
-
-IGNORE_INDEX = -100  # label value that losses skip, as in PyTorch's cross_entropy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +409,7 @@ class BertModel(PretrainedMixin, nn.Module):
         A batch without padding, and evaluation under no_grad, each compile a graph of their own
         the first time they come (seconds each). Dropout draws the same masks as eager, so in
         fp32 a compiled run's losses equal an eager run's.
-        On 2 CPU threads it measured no faster than eager (docs/benchmarks.md, `bench/pretrain.py
+        On 2 CPU threads it measured no faster than eager (docs/design.md, `bench/pretrain.py
         --compile`): the fused kernels of GELU, softmax and LayerNorm are bound by their erf/exp
         arithmetic just as the eager ones.
         """
@@ -549,4 +548,4 @@ def count_parameters(module: nn.Module) -> int:
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertOutput", "PreTrainingOutput",
            "PackedOutput",
-           "MaskedLMOutput", "IGNORE_INDEX", "count_parameters", "encoder_of"]
+           "MaskedLMOutput", "count_parameters", "encoder_of"]

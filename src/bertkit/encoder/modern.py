@@ -53,7 +53,7 @@ from bertkit.encoder.packing import Packed, Padding
 # Queries per block of the packed sliding-window attention: each block reads QUERY_BLOCK + 2w keys,
 # so smaller blocks waste fewer scores and larger ones make fewer, larger kernel calls. At w = 64
 # on the CPU, 32 and 64 measured alike and 128 or more slower (`bench/encoder.py --family
-# modernbert --sweep-blocks`; docs/benchmarks.md).
+# modernbert --sweep-blocks`; docs/design.md).
 QUERY_BLOCK = 64
 
 

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.constants import label_name
 from bertkit.encoder.config import CLASS_PREFIXES, BertConfig
 
 
@@ -139,7 +140,7 @@ def label_names(config: BertConfig) -> list[str]:
     """The names of a classification head's outputs, in logit order (LABEL_i where config.json
     names none, as transformers does)."""
     id2label = config.id2label or {}
-    return [id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
+    return [id2label.get(i, label_name(i)) for i in range(config.num_labels)]
 
 
 def use_of(model_dir: str | os.PathLike) -> str:

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.builtin import MINIMAL_PAIRS
 from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, jieba_word_starts, jieba_words, mask_text
-from bertkit.data.report import IGNORE_INDEX
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
 from bertkit.encoder.summary import parameter_rows

@@ -49,6 +49,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bertkit.adapters.files import base_record, fingerprint, write_side_file
+from bertkit.constants import label_name
 from bertkit.encoder.checkpoint import (
     architecture_name,
     from_hf_state_dict,
@@ -363,7 +364,7 @@ def save_adapters(model: nn.Module, out_dir: str | Path, base_model: str, *, use
         save_file(adapter_tensors(model), str(tmp), metadata={"format": "pt"})
     use = use or {"SEQ_CLS": "classify", "TOKEN_CLS": "ner", "QUESTION_ANS": "qa"}.get(task_type, "embed")
     config = model.config
-    labels = ([config.id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
+    labels = ([config.id2label.get(i, label_name(i)) for i in range(config.num_labels)]
               if use in ("classify", "rerank", "ner") and config.id2label else None)
     write_side_file(out, use=use, labels=labels, problem_type=config.problem_type, max_length=max_length,
                     pooling=pooling, base=base_record(config, fingerprint(encoder_of(model)), str(base_model)))

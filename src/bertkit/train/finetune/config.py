@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from bertkit.backend.precision import PRECISIONS
+from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.encoder.config import PRESETS
 from bertkit.encoder.tasks import FINETUNE_TASKS
 from bertkit.train import lora
@@ -106,8 +106,8 @@ class FinetuneConfig:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if self.resume and self.overwrite:
             problems.append("resume and overwrite exclude each other; pass one")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in TRAINING_PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.lora is not None:
             try:
                 lora.LoraSpec.parse(self.lora)

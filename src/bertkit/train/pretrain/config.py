@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from bertkit.backend.precision import PRECISIONS
+from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.data.shards import OBJECTIVES
 from bertkit.encoder.config import BertConfig, check_override_keys
 from bertkit.train import optim, state
@@ -70,7 +70,7 @@ class PretrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     # DataLoader worker processes preparing batches ahead of the model. None = one on CUDA or
     # where a CPU core is left over by torch's threads, else none: on 2 cores with 2 threads a
-    # worker competes with the compute and slows it (docs/benchmarks.md).
+    # worker competes with the compute and slows it (docs/design.md).
     num_workers: int | None = None
     seed: int = 0
 
@@ -111,8 +111,8 @@ class PretrainConfig:
             problems.append(f"lr must be > 0, got {self.lr!r}")
         if self.mlm_probability is not None and not 0 < self.mlm_probability < 1:
             problems.append(f"mlm_probability must be in (0, 1), got {self.mlm_probability!r}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in TRAINING_PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.schedule not in optim.SCHEDULES:
             problems.append(f"schedule must be one of {', '.join(optim.SCHEDULES)}, got {self.schedule!r}")
         if self.num_workers is not None and self.num_workers < 0:
