@@ -7,7 +7,7 @@ Why measure: a CPU's flags do not say how fast bf16 is. On one Intel Xeon with A
 no AMX exposed, bf16 matmuls ran at half the fp32 rate while a flag check chose bf16; on a Xeon
 with AMX bf16 is 8× faster; on an AMD EPYC with AVX-512 BF16, 2.4× (docs/benchmarks.md). A
 matmul probe in nn.Linear's layout takes a fraction of a second and gives the answer for the
-machine, the torch build and the thread count at hand (issue 13, item 9).
+machine, the torch build and the thread count at hand.
 
 On CUDA, "auto" is bf16 wherever the GPU supports it (tensor cores make it the faster one on
 every GPU that has it), without a probe.
