@@ -68,7 +68,7 @@ class AdapterHost:
     def __init__(self, engine: Engine, base_dir: str | os.PathLike | None = None, name: str | None = None):
         if engine.routing is not None:
             raise ValueError("this engine has adapters attached already; make one AdapterHost per base")
-        if engine.config.model_type == "albert":
+        if engine.config.family.shares_layers:
             raise AdapterError("adapters over ALBERT are not supported (its layers are shared across the depth)")
         self.engine = engine
         self.encoder: BertModel = encoder_of(engine.model)

@@ -20,8 +20,9 @@ learned absolute positions); checkpoints convert to and from Hugging Face names 
 - Dropout on CPU (`ops.dropout`) draws its masks from 16-bit random lanes: the probability is
   rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006). Training-time noise only; eval is unaffected.
 
-The same encoder runs BERT's descendants; `config.model_type` says which, and the differences
-are configuration (config.py) and checkpoint names (checkpoint.py), not other classes:
+The same encoder runs BERT's descendants; `config.model_type` says which (`config.family`, its
+record in `bertkit.families`), and the differences are configuration (config.py) and checkpoint
+names (the record's `names`, converted in checkpoint.py), not other classes:
 
 - RoBERTa (Liu et al. 2019): the architecture is BERT's. Positions are numbered from
   pad_token_id + 1 (fairseq's convention: `config.position_offset`, so 514 position rows give 512
@@ -471,12 +472,12 @@ class BertForPreTraining(PretrainedMixin, nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        sentence_head = config.model_type in ("bert", "albert")
+        sentence_head = config.family.sentence_head is not None
         self.bert = BertModel(config, add_pooling_layer=sentence_head)
         self.mlm = MaskedLMHead(config)
         self.nsp = nn.Linear(config.hidden_size, 2) if sentence_head else None
         rate = config.classifier_dropout if config.classifier_dropout is not None else 0.1
-        self.nsp_dropout = nn.Dropout(rate if config.model_type == "albert" else 0.0)
+        self.nsp_dropout = nn.Dropout(rate if config.family.sentence_head == "SOP" else 0.0)
         for module in (self.mlm, self.nsp):
             if module is not None:
                 module.apply(self.bert._init_weights)

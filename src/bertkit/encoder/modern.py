@@ -2,8 +2,9 @@
 
 Warner et al. 2024, "Smarter, Better, Faster, Longer: A Modern Bidirectional Encoder for Fast,
 Memory Efficient, and Long Context Finetuning and Inference" (arXiv 2412.13663). `model.BertModel`
-builds these when `config.model_type == "modernbert"`; everything else (the packed engine path,
-the heads, the checkpoint names, LoRA, training) is the encoder's. How it departs from BERT, and
+builds these when the family record's `layers` is "modern" (`config.is_modernbert`); everything
+else (the packed engine path, the heads, the checkpoint names, LoRA, training) is the encoder's.
+How it departs from BERT, and
 the reference each piece follows (transformers' `models/modernbert/modeling_modernbert.py`, 5.24,
 read as the oracle; the tests compare against it):
 

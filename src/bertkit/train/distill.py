@@ -190,7 +190,7 @@ def student_from_teacher(teacher: nn.Module, layers: list[int]) -> nn.Module:
     """A model of the teacher's class and width with len(layers) layers: layer i is a copy of the
     teacher's layer layers[i]; everything outside the layers (embeddings, pooler, heads) is copied."""
     config: BertConfig = teacher.config
-    if config.model_type == "albert":
+    if config.family.shares_layers:
         raise ValueError("ALBERT shares one set of layer weights across its depth: there are no "
                          "distinct layers to pick; distil a BERT, RoBERTa or DistilBERT teacher")
     depth = config.num_hidden_layers

@@ -152,10 +152,10 @@ class PretrainConfig:
 
 
 def default_mlm_probability(model: str, overrides: dict[str, Any] | None = None) -> float:
-    """0.30 for a ModernBERT preset or directory, else BERT's 0.15 (a spec that does not resolve
-    is left to the model's own error later)."""
+    """The model family's mask rate (`Family.mlm_probability`: 0.30 for ModernBERT, else BERT's
+    0.15); BERT's for a spec that does not resolve, which is left to the model's own error later."""
     try:
-        family = BertConfig.resolve(model, **(overrides or {})).model_type
+        config = BertConfig.resolve(model, **(overrides or {}))
     except (ValueError, OSError):
-        family = "bert"
-    return 0.30 if family == "modernbert" else 0.15
+        config = BertConfig()
+    return config.family.mlm_probability
