@@ -18,7 +18,7 @@ other work loads all three alike; the median round is reported.
     python bench/distill.py --train-examples 200 --unlabeled-rest   # few labels, the rest as
                                                               # text for the teacher to label
 
-Goal (issue 17): the distilled student keeps >= 97% of the teacher's test accuracy at >= 1.8× its
+Goal: the distilled student keeps >= 97% of the teacher's test accuracy at >= 1.8× its
 throughput, and beats the labels-only student. Prints a table and the goals last; results go to
 OUT/results.json (default runs/distill_bench).
 """

@@ -32,7 +32,7 @@ the median whole run of each side is reported.
     python bench/finetune.py --train-limit 0 --epochs 3        # the full train split
     python bench/finetune.py --seeds 0,1,2,3,4                 # accuracy as a mean over 5 seeds
 
-Prints a table and, last, `whole-run speedup: X.XX×` (peer's whole run / ours). Goal (issue 17):
+Prints a table and, last, `whole-run speedup: X.XX×` (peer's whole run / ours). Goal:
 >= 2× at equal test accuracy (within 0.5 point). Results also go to OUT/results.json.
 """
 

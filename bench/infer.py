@@ -454,7 +454,7 @@ def encoder_flops(lengths: list[int], layers: int, hidden: int, intermediate: in
 
 # Shapes the peak is the best of: the classic square, and the GEMMs of MiniLM's layers at a
 # token-budget batch (8,192 rows: QKV, FFN in, FFN out), which run faster than the square on some
-# CPUs (on the AMD EPYC of docs/benchmarks.md the square's fp32 rate was below what MiniLM's own
+# CPUs (on the AMD EPYC of docs/design.md the square's fp32 rate was below what MiniLM's own
 # layers reached, so fp32 MFU read 146-153%).
 PEAK_SHAPES = ((1024, 1024, 1024), (8192, 384, 1152), (8192, 384, 1536), (8192, 1536, 384))
 

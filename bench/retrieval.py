@@ -107,7 +107,7 @@ def main() -> int:
     # All train queries: on 100 test queries reranking biencoder_ft's top 20 (0.819), 400 queries
     # (50 listwise steps) rerank to MRR@10 0.713, 800 (100 steps) to 0.794, 1,648 (206) to 0.831.
     ap.add_argument("--rerank-queries", type=int, default=1648, help="cross-encoder training queries (all)")
-    # Reranker settings, measured (issue 15; MiniLM, 128-piece pairs, 50 dev queries, BM25 top 20
+    # Reranker settings, measured (MiniLM, 128-piece pairs, 50 dev queries, BM25 top 20
     # reranked, BM25 alone 0.736): BCE on 400 queries x (1 + 3), 50 steps at lr 3e-4 stays at a
     # constant score (loss 0.61 -> 0.63) and reranks to MRR@10 0.123; listwise on the same pairs,
     # 8 queries a step, falls 1.38 -> 0.38 and reranks to 0.775. At lr 1e-4, 25 listwise steps

@@ -1,4 +1,4 @@
-"""Regression tests for the error-contract defects of issue 13, one or more per item.
+"""Regression tests for the error contract: one or more per defect once found.
 
 The CLI-wide matrix (every command × every bad input) is tests/test_cli_contract.py; these pin the
 library-level fixes behind it, so Python callers get the same messages.

@@ -282,7 +282,7 @@ def test_cli_commands(corpus_file, minilm_dir, tmp_path, capsys):
 
 def test_paragraph_files_are_not_held_out_whole(tmp_path, minilm_dir):
     """Three files in `format="paragraphs"` are three documents; holding out one of them would
-    take a third of the tokens. Large documents are cut into sections first (issue 13, item 7)."""
+    take a third of the tokens. Large documents are cut into sections first."""
     articles = load_corpus("builtin:bbc-news").documents[:150]
     sources = tmp_path / "books"
     sources.mkdir()

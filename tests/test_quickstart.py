@@ -147,7 +147,7 @@ def test_bad_arguments(tmp_path):
 
 def test_printed_finetune_commands_run_as_printed(demo, tmp_path, capsys):
     """The "next" commands carry no --lr: the default must suit the demo's tiny model (at BERT-
-    base's 3e-5 it learned nothing in an epoch, issue 13 item 8). Each runs here on a sliver of
+    base's 3e-5 it learned nothing in an epoch). Each runs here on a sliver of
     its data set (the whole sets take minutes; their scores are in finetune.default_lr)."""
     from bertkit import cli
 

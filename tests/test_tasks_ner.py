@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.formats.common import max_context_owner
 from bertkit.data.formats.ner import (
     NerSentence,
@@ -21,7 +22,6 @@ from bertkit.data.formats.ner import (
     stitch_predictions,
     tag_problem,
 )
-from bertkit.data.report import IGNORE_INDEX
 
 
 def test_conll_tab_and_space_columns_docstart_and_blank_lines(tmp_path):

@@ -63,12 +63,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.constants import EXPORT_USES
+from bertkit.constants import EXPORT_USES, POOLINGS
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
 from bertkit.encoder.packing import Padding
 from bertkit.inference import Engine
-from bertkit.inference.embed import POOLINGS
 from bertkit.inference.uses import USES
 from bertkit.util.fileio import check_writable_output, model_directory
 

@@ -207,8 +207,8 @@ def heldout_accuracy(model, data, train_data, *, seed: int, precision: str,
     the context; at the unchanged 10% a model can score by copying its input.
     """
     from bertkit.backend.precision import autocast
+    from bertkit.constants import IGNORE_INDEX
     from bertkit.data.shards import PretrainingBatches
-    from bertkit.encoder.model import IGNORE_INDEX
 
     batches = PretrainingBatches(data, batch_size, seed=seed, epoch=0, drop_last=False)
     guess = most_frequent_token(train_data)

@@ -227,7 +227,7 @@ def read_adapter(directory: str | Path, config: BertConfig, *, base_fp: str | No
     directory = Path(directory)
     peft, side = read_config(directory)
     check_base(directory, side, config, base_fp, base_name)
-    if config.model_type == "albert":
+    if config.family.shares_layers:
         raise AdapterError("adapters over ALBERT are not supported (its layers are shared across the depth)")
     weights = directory / ADAPTER_WEIGHTS
     if not weights.is_file():

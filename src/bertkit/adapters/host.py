@@ -37,6 +37,7 @@ from torch import nn
 
 from bertkit.adapters.files import MODULES, AdapterError, AdapterFiles, fingerprint, read_adapter
 from bertkit.adapters.routed import RoutedLinear, Routing
+from bertkit.constants import label_name
 from bertkit.encoder.heads import use_class
 from bertkit.encoder.model import BertModel, EncoderLayer, encoder_of
 from bertkit.inference.embed import pool
@@ -67,7 +68,7 @@ class AdapterHost:
     def __init__(self, engine: Engine, base_dir: str | os.PathLike | None = None, name: str | None = None):
         if engine.routing is not None:
             raise ValueError("this engine has adapters attached already; make one AdapterHost per base")
-        if engine.config.model_type == "albert":
+        if engine.config.family.shares_layers:
             raise AdapterError("adapters over ALBERT are not supported (its layers are shared across the depth)")
         self.engine = engine
         self.encoder: BertModel = encoder_of(engine.model)
@@ -171,7 +172,7 @@ class AdapterHost:
             if count < 1:
                 raise AdapterError(f"{files.directory}: a {files.use} adapter without a classifier "
                                    "(classifier.weight) or labels")
-            names = files.labels or [f"LABEL_{i}" for i in range(count)]
+            names = files.labels or [label_name(i) for i in range(count)]
             config = config.replace(id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
                                     problem_type=files.problem_type)
         # Built over a one-layer stand-in encoder (a few kB; the meta device would do, but its first

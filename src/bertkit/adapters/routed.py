@@ -25,7 +25,7 @@ present, the same five calls however large K is:
 A_k, B_k are the slots' stacked terms, padded to the largest rank with zeros (`bank`). Against a
 loop of two matmuls per slot, the batched pair makes the calls per layer independent of K; a
 scatter into a column slice of y per slot (torch copies the strided slice around `index_add_`)
-was the first version's main cost (docs/benchmarks.md, adapters). A batch of one adapter takes
+was the first version's main cost (docs/design.md, serving measurements). A batch of one adapter takes
 no gather at all.
 
 A layer sees either all N token rows, or B rows (one per sequence: the pooler, and the last

@@ -64,7 +64,7 @@ class _Kernels:
     available.
 
     Eager, quantize and dequantize are 4–6 passes over their tensor each; on 2 CPU threads they
-    cost more than the int8 matmul itself, fused a fraction of it (docs/benchmarks.md has the
+    cost more than the int8 matmul itself, fused a fraction of it (docs/design.md has the
     timings). The compiled functions compute the same values (checked in the tests).
 
     How they are compiled, BERTKIT_INT8_KERNELS=aot|compile|eager:
@@ -161,7 +161,7 @@ class Int8Linear(nn.Module):
         x = x.reshape(-1, self.in_features).float()  # (N, in)
         terms = self.terms()
         # Row blocks of ~1M int32 accumulators: each block is dequantized while it is still in
-        # cache instead of going to memory and back (a third less time: docs/benchmarks.md).
+        # cache instead of going to memory and back (a third less time: docs/design.md).
         rows = max(256, CHUNK_ELEMENTS // self.out_features)
         y = torch.empty(x.shape[0], self.out_features)  # (N, out)
         for start in range(0, x.shape[0], rows):

@@ -5,7 +5,7 @@ Why: glibc serves every allocation above its mmap threshold (128 KiB, rising by 
 allocates tens of MiB per layer (8,192 tokens × 1,152 fused Q/K/V floats is 37.7 MB), so every
 layer of every batch paid first-touch page faults again. With the mmap and trim thresholds raised,
 those pages stay in the heap for the next batch: 25 times fewer page faults and a quarter more
-sentences per second (docs/benchmarks.md). The cost: after a batch the
+sentences per second (docs/design.md). The cost: after a batch the
 process keeps its peak working set instead of returning it, which the next batch needs anyway.
 Allocators such as jemalloc or tcmalloc, preloaded, do the same; this needs no preload.
 

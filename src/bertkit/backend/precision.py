@@ -7,7 +7,7 @@ Why measure: a CPU's flags do not say how fast bf16 is. On one Intel Xeon with A
 no AMX exposed, bf16 matmuls ran at half the fp32 rate while a flag check chose bf16; on a Xeon
 with AMX bf16 is 8× faster; on an AMD EPYC with AVX-512 BF16, 2.4× (docs/benchmarks.md). A
 matmul probe in nn.Linear's layout takes a fraction of a second and gives the answer for the
-machine, the torch build and the thread count at hand (issue 13, item 9).
+machine, the torch build and the thread count at hand.
 
 On CUDA, "auto" is bf16 wherever the GPU supports it (tensor cores make it the faster one on
 every GPU that has it), without a probe.
@@ -28,11 +28,11 @@ import time
 
 import torch
 
+from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.util.fileio import atomic_write_json, cache_dir
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # (device type, threads, precision) → GFLOP/s; None = the precision does not run there.
@@ -199,8 +199,8 @@ def fastest_precision(device: torch.device | str = "cpu",
 def resolve_precision(requested: str, device: torch.device | str = "cpu") -> str:
     """"fp32" / "bf16" as given; "auto" → bf16 on a CUDA GPU that supports it, else the precision
     measured fastest here (`fastest_precision`)."""
-    if requested not in PRECISIONS:
-        raise ValueError(f"unknown precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
+    if requested not in TRAINING_PRECISIONS:
+        raise ValueError(f"unknown precision {requested!r}; choose one of {', '.join(TRAINING_PRECISIONS)}")
     if requested != "auto":
         return requested
     device = _device(device)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from bertkit.constants import ENGINE_PRECISIONS, TRAINING_PRECISIONS
+
 # int8 is dynamic quantisation for inference; training needs gradients, so its commands stop at bf16.
-ENGINE_PRECISIONS = ["auto", "fp32", "bf16", "int8"]
-TRAINING_PRECISIONS = ["auto", "fp32", "bf16"]
 DEVICES = ["auto", "cpu", "cuda"]
 BATCH_TOKENS_HELP = "real tokens per batch (8192)"
 

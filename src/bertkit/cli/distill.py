@@ -6,6 +6,7 @@ import argparse
 import json
 
 from bertkit.cli.common import add_training_engine_arguments
+from bertkit.constants import DISTILL_TASKS
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--teacher", required=True, help="teacher model directory (fine-tuned for --task)")
     p.add_argument("--out", required=True, dest="out_dir", help="output directory")
-    p.add_argument("--task", choices=["classify", "ner"], help="task distillation (default: general)")
+    p.add_argument("--task", choices=DISTILL_TASKS, help="task distillation (default: general)")
     p.add_argument("--data", help="general: DATA_DIR made by `bertkit prepare` with the teacher's tokenizer")
     p.add_argument("--train", help="task: labelled training file or builtin:NAME[:SPLIT]")
     p.add_argument("--unlabeled", help="task: inputs without labels (soft labels from the teacher only)")

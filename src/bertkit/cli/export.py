@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-TASKS = ("embed", "fill-mask", "classify", "rerank", "ner", "qa")  # export.TASKS, without importing torch
-POOLINGS = ("mean", "cls", "max")
+from bertkit.constants import EXPORT_USES, POOLINGS
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +22,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="model directory")
     p.add_argument("--format", required=True, help="onnx or openvino")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--task", choices=TASKS, default=None,
+    p.add_argument("--task", choices=EXPORT_USES, default=None,
                    help="the head to export (default: the one the model has; embed exports the encoder)")
     p.add_argument("--pooled", action="store_true",
                    help="embed: add a sentence_embedding output, pooled and normalised as the model's "

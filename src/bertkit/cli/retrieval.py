@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_json
+from bertkit.constants import POOLINGS
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +34,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--delete", nargs="+", default=[], metavar="ID", help="delete these document ids")
     p.add_argument("--text-field", default="text", help="jsonl key of the text (text)")
     p.add_argument("--id-field", default="id", help="jsonl key of the id (id; else the line number)")
-    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="default: the model's sentence-transformers pooling, else mean")
     g = p.add_argument_group("passages")
     g.add_argument("--passage-tokens", type=int, default=None,

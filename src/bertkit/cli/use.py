@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_file_job, print_json
+from bertkit.constants import POOLINGS
 
 # What --input-format names (records.FORMATS but squad, which only predict reads); kept here so
 # that building the parser imports nothing heavy.
@@ -113,7 +114,7 @@ def _use_engine(args: argparse.Namespace, use: str, **file_options):
 def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = _add_use(sub, "embed", "sentence embeddings (and their cosine similarities)",
                  "model dir (any BERT checkpoint with tokenizer files)")
-    p.add_argument("--pooling", choices=["mean", "cls", "max"], default=None,
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="default: the model's sentence-transformers pooling, else mean")
     p.add_argument("--no-normalize", action="store_false", dest="normalize", default=None,
                    help="keep the raw pooled vectors (default: the model's setting, else unit length)")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from bertkit.data.report import IGNORE_INDEX
+from bertkit.constants import IGNORE_INDEX
 from bertkit.util.text import has_cjk
 
 if TYPE_CHECKING:

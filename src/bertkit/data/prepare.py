@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.corpus import Corpus, as_corpus
 from bertkit.data.instances import (
     IS_NEXT,
@@ -32,7 +33,7 @@ from bertkit.data.instances import (
     create_sop_instances,
     tokenize_documents,
 )
-from bertkit.data.masking import IGNORE_INDEX, default_max_predictions, mask_keys, mask_tokens
+from bertkit.data.masking import default_max_predictions, mask_keys, mask_tokens
 from bertkit.data.shards import (
     DEFAULT_SHARD_SIZE,
     FORMAT_NAME,

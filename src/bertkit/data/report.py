@@ -15,7 +15,6 @@ from typing import Any, Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100  # label value the losses skip
 
 # How many bad-row messages a report keeps verbatim; all are counted.
 MAX_MESSAGES = 20

@@ -32,8 +32,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.instances import Instance
-from bertkit.data.masking import IGNORE_INDEX, default_max_predictions, mask_keys, mask_tokens
+from bertkit.data.masking import default_max_predictions, mask_keys, mask_tokens
 from bertkit.data.tokenizer import BertTokenizer
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ tokenizer.json, then BERT's defaults (lowercase, accents stripped when lowercasi
 
 The other families' tokenizers load through the same class: whatever a tokenizer.json describes
 (RoBERTa's byte-level BPE, ALBERT's SentencePiece Unigram, DistilBERT's WordPiece) runs as it is,
-with the special tokens of tokenizer_config.json, or the family's defaults (`FAMILY_SPECIALS`,
-by tokenizer_class or config.json's model_type). A RoBERTa directory without tokenizer.json
+with the special tokens of tokenizer_config.json, or the family's defaults (`Family.tokenizer` in
+`bertkit.families`, by tokenizer_class or config.json's model_type). A RoBERTa directory without tokenizer.json
 loads from vocab.json + merges.txt as transformers' RobertaTokenizer builds it, an ALBERT
 directory without tokenizer.json from spiece.model as transformers' AlbertTokenizer builds it
 (reading the file takes sentencepiece and protobuf: the `albert` extra).
@@ -35,7 +35,8 @@ from typing import Any, Iterable, Literal, Sequence
 from tokenizers import Tokenizer
 
 from bertkit.data import tokenizer_backends as backends
-from bertkit.data.tokenizer_backends import CLS, FAMILY_SPECIALS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
+from bertkit.data.tokenizer_backends import CLS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
+from bertkit.families import BPE, UNIGRAM, TokenizerLayout, tokenizer_layout
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, missing_model_dir
 
 logger = logging.getLogger(__name__)
@@ -135,8 +136,7 @@ class BertTokenizer:
         directory = path if path.is_dir() else path.parent
         config = _read_json_if_exists(directory / "tokenizer_config.json")
         special_map = _read_json_if_exists(directory / "special_tokens_map.json")
-        family = _family(directory, config)
-        specials = dict(FAMILY_SPECIALS.get(family, {}))
+        specials = dict(_layout(directory, config).specials)
         for key in SPECIAL_KEYS:
             value = config.get(key, special_map.get(key))
             if isinstance(value, dict):  # AddedToken serialised as {"content": ...}
@@ -160,16 +160,17 @@ class BertTokenizer:
             tokenizer_json = tokenizer_json if tokenizer_json.exists() else None
             vocab_file = directory / "vocab.txt"
         if tokenizer_json is None:
-            if path.is_dir() and (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
-                return cls.from_bpe_files(directory / "vocab.json", directory / "merges.txt",
+            if path.is_dir() and all((directory / name).is_file() for name in BPE.files):
+                return cls.from_bpe_files(*(directory / name for name in BPE.files),
                                           model_max_length=max_len, special_tokens=specials,
                                           add_prefix_space=bool(config.get("add_prefix_space", False)),
                                           trim_offsets=bool(config.get("trim_offsets", True)),
                                           tokenizer_class=config.get("tokenizer_class"))
             if not vocab_file.exists():
-                if path.is_dir() and (directory / "spiece.model").is_file():
+                if path.is_dir() and all((directory / name).is_file() for name in UNIGRAM.files):
                     return cls.from_sentencepiece(
-                        directory / "spiece.model", lowercase=bool(config.get("do_lower_case", True)),
+                        *(directory / name for name in UNIGRAM.files),
+                        lowercase=bool(config.get("do_lower_case", True)),
                         keep_accents=bool(config.get("keep_accents", False)),
                         add_prefix_space=bool(config.get("add_prefix_space", True)),
                         model_max_length=max_len, special_tokens=specials,
@@ -207,11 +208,11 @@ class BertTokenizer:
                        add_prefix_space: bool = False, trim_offsets: bool = True,
                        tokenizer_class: str | None = None) -> "BertTokenizer":
         """RoBERTa's byte-level BPE from vocab.json + merges.txt (`tokenizer_backends.bpe`)."""
-        specials = {**FAMILY_SPECIALS["roberta"], **(special_tokens or {})}
+        specials = {**BPE.specials, **(special_tokens or {})}
         backend = backends.bpe(vocab_json, merges_txt, specials, add_prefix_space=add_prefix_space,
                                trim_offsets=trim_offsets)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
-        tokenizer.tokenizer_class = tokenizer_class or "RobertaTokenizer"
+        tokenizer.tokenizer_class = tokenizer_class or BPE.tokenizer_class
         return tokenizer
 
     @classmethod
@@ -221,11 +222,11 @@ class BertTokenizer:
                            tokenizer_class: str | None = None) -> "BertTokenizer":
         """ALBERT's SentencePiece Unigram model from spiece.model (`tokenizer_backends.unigram`;
         reading the file takes the `albert` extra)."""
-        specials = {**FAMILY_SPECIALS["albert"], **(special_tokens or {})}
+        specials = {**UNIGRAM.specials, **(special_tokens or {})}
         backend = backends.unigram(spiece_model, specials, lowercase=lowercase, keep_accents=keep_accents,
                                    add_prefix_space=add_prefix_space)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
-        tokenizer.tokenizer_class = tokenizer_class or "AlbertTokenizer"
+        tokenizer.tokenizer_class = tokenizer_class or UNIGRAM.tokenizer_class
         return tokenizer
 
     # -- settings ------------------------------------------------------------------------------
@@ -512,18 +513,14 @@ def _as_int_list(ids: Iterable[int]) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _family(directory: Path, tokenizer_config: dict) -> str:
-    """"roberta", "albert" or "bert" (DistilBERT's tokenizer is BERT's), from tokenizer_class or
-    config.json's model_type."""
-    name = str(tokenizer_config.get("tokenizer_class") or "").lower()
-    for family in ("roberta", "albert"):
-        if name.startswith(family):
-            return family
+def _layout(directory: Path, tokenizer_config: dict) -> TokenizerLayout:
+    """The tokenizer of the directory's family (its special tokens), from tokenizer_class or
+    config.json's model_type (`families.tokenizer_layout`)."""
     try:
         model_type = _read_json_if_exists(directory / "config.json").get("model_type")
     except ValueError:  # a broken config.json is reported by whoever loads the model
         model_type = None
-    return model_type if model_type in FAMILY_SPECIALS else "bert"
+    return tokenizer_layout(tokenizer_config.get("tokenizer_class"), model_type)
 
 
 def _read_json_if_exists(path: Path) -> dict:

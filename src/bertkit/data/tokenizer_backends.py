@@ -11,7 +11,8 @@
   AlbertTokenizer builds it;
 - `set_bert_post_processor`: `[CLS] A [SEP] (B [SEP])` with segment ids 0 / 1.
 
-The special-token names and each family's defaults live here too, as every builder needs them.
+BERT's special-token names live here too, as every builder needs them; each family's defaults
+are its record's (`bertkit.families`: `Family.tokenizer`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,6 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 SPECIAL_KEYS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                 "mask_token": MASK}
-# Special tokens of each family when tokenizer_config.json does not name them.
-FAMILY_SPECIALS = {
-    "roberta": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
-                "mask_token": "<mask>"},
-    "albert": {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
-               "mask_token": "[MASK]"},
-}
 # BERT's reference tokenizer gives up on longer words and emits [UNK]; kept for id parity.
 MAX_INPUT_CHARS_PER_WORD = 100
 

@@ -20,15 +20,15 @@ one fused Q/K/V projection, and this module converts between the two:
     cls.predictions.decoder.weight                         (tied to the word embeddings)
     cls.seq_relationship.*                                 nsp.*
 
-RoBERTa, ALBERT and DistilBERT checkpoints convert through their own tables (`NAME_MAPS`, chosen
-by config.json's `model_type`) into the same memory names: the encoder sits under `roberta.`,
-`albert.` or `distilbert.` on disk; ALBERT's stored layer `albert_layer_groups.g.albert_layers.j`
-is `layers.(g × inner_group_num + j)`, its `encoder.embedding_hidden_mapping_in` is `embed_proj`,
-its MLM head `predictions.*` and SOP head `sop_classifier.classifier` is `nsp`; RoBERTa's MLM head
-is `lm_head.{dense,layer_norm,bias}`; DistilBERT's layers are
-`transformer.layer.i.{attention.{q,k,v,out}_lin, sa_layer_norm, ffn.lin1, ffn.lin2,
-output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,projector}`. Task heads keep
-their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
+RoBERTa, ALBERT and DistilBERT checkpoints convert through their own tables (each family's `names`
+in `bertkit.families`, chosen by config.json's `model_type`) into the same memory names: the encoder
+sits under `roberta.`, `albert.` or `distilbert.` on disk; ALBERT's stored layer
+`albert_layer_groups.g.albert_layers.j` is `layers.(g × inner_group_num + j)`, its
+`encoder.embedding_hidden_mapping_in` is `embed_proj`, its MLM head `predictions.*` and SOP head
+`sop_classifier.classifier` is `nsp`; RoBERTa's MLM head is `lm_head.{dense,layer_norm,bias}`;
+DistilBERT's layers are `transformer.layer.i.{attention.{q,k,v,out}_lin, sa_layer_norm, ffn.lin1,
+ffn.lin2, output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,projector}`. Task heads
+keep their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
 ModernBERT's encoder sits under `model.`: `embeddings.tok_embeddings` is the word table, layer i
 is `layers.i.{attn.Wqkv (fused already), attn.Wo, attn_norm, mlp.Wi, mlp.Wo, mlp_norm}`, then
 `final_norm`; every head starts with `head.{dense,norm}` (the MLM head's transform and norm, or a
@@ -55,7 +55,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertkit.encoder.config import CLASS_PREFIXES, BertConfig
+from bertkit.encoder.config import BertConfig
+from bertkit.families import FAMILIES, NameMap
 from bertkit.util.fileio import atomic_path, missing_model_dir, model_directory
 
 logger = logging.getLogger(__name__)
@@ -85,81 +86,12 @@ class LoadReport:
 # ---------------------------------------------------------------------------------------------
 # Name conversion
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class NameMap:
-    """How one family names its tensors on disk (Hugging Face) against bertkit's names in memory.
-
-    Every (ours, theirs) pair is a name prefix; the encoder sits under `bert.` in memory and under
-    `prefix` on disk, and a bare encoder's tensors have no prefix in either.
-    """
-    prefix: str  # the encoder's prefix under a head on disk: "bert.", "roberta.", ...
-    base_roots: tuple[str, ...]  # first parts of a bare encoder's tensor names on disk
-    layer: str  # regex of a stored layer's stem on disk; ALBERT's has two numbers (group, inner)
-    qkv: tuple[str, str, str]  # the query, key and value projections' names inside a layer
-    layer_parts: tuple[tuple[str, str], ...]  # (ours, theirs) inside a layer
-    outer: tuple[tuple[str, str], ...]  # (ours, theirs) outside the layers: embeddings, pooler, heads
-    ignored: str  # regex of tensors real checkpoints carry that no model needs (buffers, tied decoder)
-    decoder_bias: tuple[str, str] | None = None  # (MLM bias, the legacy decoder.bias it may hide as)
-    # (memory name, other memory name) prefixes of one disk tensor: loading takes the one the model has
-    aliases: tuple[tuple[str, str], ...] = ()
-
-
-_BERT_LAYER_PARTS = (("attn_out.", "attention.output.dense."), ("attn_norm.", "attention.output.LayerNorm."),
-                     ("ffn_in.", "intermediate.dense."), ("ffn_out.", "output.dense."),
-                     ("ffn_norm.", "output.LayerNorm."))
-NAME_MAPS: dict[str, NameMap] = {
-    "bert": NameMap(
-        prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
-        layer_parts=_BERT_LAYER_PARTS,
-        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-               ("mlm.transform.", "cls.predictions.transform.dense."),
-               ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
-               ("nsp.", "cls.seq_relationship.")),
-        ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
-        decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias")),
-    "roberta": NameMap(
-        prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
-        layer_parts=_BERT_LAYER_PARTS,
-        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-               ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
-               ("mlm.bias", "lm_head.bias")),
-        ignored=r"^lm_head\.decoder\.(weight|bias)$",
-        decoder_bias=("lm_head.bias", "lm_head.decoder.bias")),
-    "albert": NameMap(
-        prefix="albert.", base_roots=("embeddings.", "encoder.", "pooler."),
-        layer=r"encoder\.albert_layer_groups\.(\d+)\.albert_layers\.(\d+)\.",
-        qkv=("attention.query", "attention.key", "attention.value"),
-        layer_parts=(("attn_out.", "attention.dense."), ("attn_norm.", "attention.LayerNorm."),
-                     ("ffn_in.", "ffn."), ("ffn_out.", "ffn_output."), ("ffn_norm.", "full_layer_layer_norm.")),
-        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("embed_proj.", "encoder.embedding_hidden_mapping_in."),
-               ("mlm.transform.", "predictions.dense."), ("mlm.norm.", "predictions.LayerNorm."),
-               ("mlm.bias", "predictions.bias"), ("nsp.", "sop_classifier.classifier.")),
-        ignored=r"^predictions\.decoder\.(weight|bias)$",
-        decoder_bias=("predictions.bias", "predictions.decoder.bias")),
-    "distilbert": NameMap(
-        prefix="distilbert.", base_roots=("embeddings.", "transformer."), layer=r"transformer\.layer\.(\d+)\.",
-        qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
-        layer_parts=(("attn_out.", "attention.out_lin."), ("attn_norm.", "sa_layer_norm."),
-                     ("ffn_in.", "ffn.lin1."), ("ffn_out.", "ffn.lin2."), ("ffn_norm.", "output_layer_norm.")),
-        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("mlm.transform.", "vocab_transform."),
-               ("mlm.norm.", "vocab_layer_norm."), ("mlm.bias", "vocab_projector.bias")),
-        ignored=r"^vocab_projector\.weight$"),
-    "modernbert": NameMap(
-        prefix="model.", base_roots=("embeddings.", "layers.", "final_norm."), layer=r"layers\.(\d+)\.",
-        qkv=(), layer_parts=(("qkv.", "attn.Wqkv."), ("attn_out.", "attn.Wo."), ("attn_norm.", "attn_norm."),
-                             ("ffn_in.", "mlp.Wi."), ("ffn_out.", "mlp.Wo."), ("ffn_norm.", "mlp_norm.")),
-        outer=(("embeddings.word_embeddings.", "embeddings.tok_embeddings."), ("mlm.transform.", "head.dense."),
-               ("mlm.norm.", "head.norm."), ("mlm.bias", "decoder.bias"), ("qa_outputs.", "classifier.")),
-        ignored=r"^decoder\.weight$",
-        aliases=(("mlm.transform.", "head.dense."), ("mlm.norm.", "head.norm."), ("qa_outputs.", "classifier."))),
-}
 _OUR_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
 
 
 def name_map(config: BertConfig | None) -> NameMap:
-    return NAME_MAPS["bert" if config is None else config.model_type]
+    """The tensor names of config's family on disk (BERT's without a config)."""
+    return (FAMILIES["bert"] if config is None else config.family).names
 
 
 def _swap(name: str, pairs: tuple[tuple[str, str], ...], reverse: bool = False) -> str:
@@ -173,7 +105,7 @@ def _swap(name: str, pairs: tuple[tuple[str, str], ...], reverse: bool = False) 
 
 def _layer_stem(k: int, config: BertConfig | None) -> str:
     """On-disk stem of stored layer k (ALBERT: group k // inner_group_num, inner layer k % it)."""
-    if config is not None and config.model_type == "albert":
+    if config is not None and config.family.shares_layers:
         group, inner = divmod(k, config.inner_group_num)
         return f"encoder.albert_layer_groups.{group}.albert_layers.{inner}."
     return name_map(config).layer.replace(r"(\d+)", str(k)).replace("\\", "")
@@ -237,7 +169,7 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], *, has_base_prefix: bool,
     layer_pattern = re.compile("^" + names.layer + "(.*)$")
     qkv_pattern = re.compile("^(" + "|".join(re.escape(p) for p in names.qkv) + r")\.(weight|bias)$"
                              if names.qkv else r"(?!)")
-    inner = config.inner_group_num if config is not None and config.model_type == "albert" else None
+    inner = config.inner_group_num if config is not None and config.family.shares_layers else None
 
     out: dict[str, torch.Tensor] = {}
     qkv_parts: dict[tuple[str, int, str], dict[str, torch.Tensor]] = {}
@@ -405,9 +337,9 @@ def architecture_name(class_name: str, config: BertConfig) -> str:
     """transformers' class for one of ours: BertForSequenceClassification → RobertaFor… for a
     RoBERTa config; BertForPreTraining without a sentence head (RoBERTa, DistilBERT) → …ForMaskedLM."""
     kind = class_name[len("Bert"):] if class_name.startswith("Bert") else class_name
-    if kind == "ForPreTraining" and config.model_type not in ("bert", "albert"):
+    if kind == "ForPreTraining" and config.family.sentence_head is None:
         kind = "ForMaskedLM"
-    return CLASS_PREFIXES[config.model_type] + kind
+    return config.family.class_prefix + kind
 
 
 def missing_from(model: torch.nn.Module, report: LoadReport, module: str) -> list[str]:

@@ -1,7 +1,9 @@
 """BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
 
 One config describes every family the encoder implements (`model_type`): `bert`, `roberta`,
-`albert`, `distilbert` and `modernbert`. The family differences are fields with Hugging Face's names:
+`albert`, `distilbert` and `modernbert`, each a record in `bertkit.families` (`config.family`: its
+positions, segments, pooler, shared layers, key names). The family differences are fields with
+Hugging Face's names:
 `embedding_size`, `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
 positions start after it), `type_vocab_size` (1 for RoBERTa); DistilBERT's own key names (`dim`,
 `n_layers`, `n_heads`, `hidden_dim`, `activation`, `dropout`, `attention_dropout`,
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit.constants import label_name
+from bertkit.families import FAMILIES, Family, family_of
 from bertkit.util.fileio import atomic_write_json
 
 # Activations the encoder implements; the names are those `config.json` files use.
@@ -68,30 +72,6 @@ PRESET_FIELDS: dict[str, dict[str, Any]] = {
                         pad_token_id=0),
 }
 
-FAMILIES = ("bert", "roberta", "albert", "distilbert", "modernbert")
-# transformers' class names of each family: BertModel, RobertaForMaskedLM, DistilBertFor…
-CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert",
-                  "modernbert": "ModernBert"}
-# DistilBERT's config.json keys → the BERT fields they are.
-DISTILBERT_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-                   "hidden_dim": "intermediate_size", "activation": "hidden_act",
-                   "dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
-                   "seq_classif_dropout": "classifier_dropout"}
-# Fields DistilBERT has no key for: fixed by its architecture, so not written to its config.json.
-_DISTILBERT_FIXED = {"type_vocab_size": 1, "layer_norm_eps": 1e-12, "position_embedding_type": "absolute"}
-# ModernBERT's config.json keys → the BERT fields they are (its mlp_dropout is the dropout inside
-# the feed-forward, where BERT's hidden_dropout_prob acts on the sub-layer outputs).
-MODERNBERT_KEYS = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
-                   "attention_dropout": "attention_probs_dropout_prob", "mlp_dropout": "hidden_dropout_prob"}
-# transformers' ModernBertConfig defaults (5.24), for keys a ModernBERT config.json leaves out.
-_MODERNBERT_DEFAULTS = dict(
-    vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12,
-    hidden_act="gelu", max_position_embeddings=8192, initializer_range=0.02, layer_norm_eps=1e-5,
-    pad_token_id=50283, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, embedding_dropout=0.0,
-    local_attention=128, attention_bias=False, mlp_bias=False, norm_bias=False, decoder_bias=True,
-    classifier_bias=False, classifier_activation="gelu", classifier_pooling="cls", classifier_dropout=0.0)
-# Fields ModernBERT has no key for (no segments, no learned positions): not written to its config.json.
-_MODERNBERT_FIXED = {"type_vocab_size": 1, "position_embedding_type": "absolute"}
 # Fields only ModernBERT has, with the values every other family implies.
 _MODERNBERT_ONLY = dict(layer_types=None, local_attention=128, rope_parameters=None, attention_bias=True,
                         mlp_bias=True, norm_bias=True, decoder_bias=True, classifier_bias=True,
@@ -216,10 +196,8 @@ class BertConfig:
         extra.update({k: v for k, v in values.items() if k not in known and k not in ("extra", "num_labels")})
         num_labels = values.get("num_labels")
         if num_labels is not None and kwargs.get("id2label") is None:
-            kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(num_labels))}
-        if kwargs.get("model_type", "bert") not in FAMILIES:
-            raise ValueError(f"model_type {kwargs['model_type']!r} is not in the BERT family bertkit "
-                             f"implements ({', '.join(FAMILIES)}); convert the checkpoint to one of them")
+            kwargs["id2label"] = {i: label_name(i) for i in range(int(num_labels))}
+        family_of(kwargs.get("model_type", "bert"))
         return cls(**kwargs, extra=extra)
 
     @classmethod
@@ -287,9 +265,14 @@ class BertConfig:
         return self.embedding_size or self.hidden_size
 
     @property
+    def family(self) -> Family:
+        """The record of model_type (`bertkit.families`): what the rooms may ask of the family."""
+        return family_of(self.model_type)
+
+    @property
     def position_offset(self) -> int:
         """RoBERTa numbers positions from pad_token_id + 1 (fairseq's convention); others from 0."""
-        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+        return self.pad_token_id + 1 if self.family.positions == "after_padding" else 0
 
     @property
     def max_sequence_length(self) -> int:
@@ -298,25 +281,25 @@ class BertConfig:
 
     @property
     def has_segments(self) -> bool:
-        """DistilBERT has no segment embeddings: pairs are told apart by [SEP] alone."""
-        return self.model_type not in ("distilbert", "modernbert")
+        """DistilBERT and ModernBERT have no segment embeddings: pairs are told apart by [SEP] alone."""
+        return self.family.segments
 
     @property
     def reads_segments(self) -> bool:
         """Whether segment ids reach the model. DistilBERT has no table; a RoBERTa with one segment
         type adds row 0 to every token whatever the ids say, as its tokenizers return none (pair
         encoders that mark segment B with 1s, as BERT's, would otherwise index past the table)."""
-        return self.has_segments and not (self.model_type == "roberta" and self.type_vocab_size == 1)
+        return self.has_segments and not (self.family.ignores_segment_ids and self.type_vocab_size == 1)
 
     @property
     def has_pooler(self) -> bool:
         """DistilBERT and ModernBERT have no pooler; their sequence heads read the [CLS] state."""
-        return self.model_type not in ("distilbert", "modernbert")
+        return self.family.pooler
 
     @property
     def is_modernbert(self) -> bool:
         """Pre-LN, rotary, GeGLU, local/global layers: `modern.py` builds its pieces."""
-        return self.model_type == "modernbert"
+        return self.family.layers == "modern"
 
     def rope_theta(self, layer_type: str) -> float:
         """The rotary base of a layer type (ModernBERT)."""
@@ -325,7 +308,7 @@ class BertConfig:
     @property
     def num_layer_weights(self) -> int:
         """Distinct encoder layers stored: ALBERT's groups × inner layers, else num_hidden_layers."""
-        if self.model_type == "albert":
+        if self.family.shares_layers:
             return self.num_hidden_groups * self.inner_group_num
         return self.num_hidden_layers
 
@@ -336,7 +319,7 @@ class BertConfig:
         As Hugging Face's AlbertTransformer: depth i of num_hidden_layers uses group
         i // (num_hidden_layers // num_hidden_groups), and each group runs its inner layers in turn.
         """
-        if self.model_type != "albert":
+        if not self.family.shares_layers:
             return list(range(self.num_hidden_layers))
         per_group = self.num_hidden_layers // self.num_hidden_groups
         return [(i // per_group) * self.inner_group_num + j
@@ -345,6 +328,7 @@ class BertConfig:
     # ------------------------------------------------------------------ checks and output
     def validate(self) -> None:
         """Raise ValueError naming every invalid value; called on construction."""
+        family = family_of(self.model_type)
         problems = []
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
@@ -386,7 +370,7 @@ class BertConfig:
                     and self.num_hidden_layers % self.num_hidden_groups):
                 problems.append(f"num_hidden_layers {self.num_hidden_layers} is not a multiple of "
                                 f"num_hidden_groups {self.num_hidden_groups}")
-        if self.model_type == "roberta" and self.max_position_embeddings <= self.position_offset:
+        if family.positions == "after_padding" and self.max_position_embeddings <= self.position_offset:
             problems.append(f"max_position_embeddings {self.max_position_embeddings} leaves no "
                             f"positions after RoBERTa's offset {self.position_offset} (pad_token_id + 1)")
         if self.is_modernbert:
@@ -396,7 +380,7 @@ class BertConfig:
                 if getattr(self, name) != default:
                     problems.append(f"{name} {getattr(self, name)!r} is ModernBERT's (model_type 'modernbert')")
         if self.model_type == "distilbert":
-            for name, fixed in _DISTILBERT_FIXED.items():
+            for name, fixed in family.fixed_fields.items():
                 if getattr(self, name) != fixed:
                     problems.append(f"{name} {getattr(self, name)!r}: DistilBERT fixes it at {fixed!r}")
         if self.problem_type not in (None, "regression", "single_label_classification",
@@ -429,28 +413,27 @@ class BertConfig:
 
 
 def _family_keys_in(values: dict[str, Any]) -> dict[str, Any]:
-    """config.json keys of a family → BertConfig fields (a field given by name wins)."""
+    """config.json keys of a family → BertConfig fields (a field given by name wins), then the
+    defaults of the keys it leaves out and the fields its architecture fixes."""
     values = dict(values)
-    family = values.get("model_type", "bert")
-    if family == "distilbert":
-        for theirs, ours in DISTILBERT_KEYS.items():
-            if theirs in values:
-                value = values.pop(theirs)
-                values.setdefault(ours, value)
-        for name, fixed in _DISTILBERT_FIXED.items():
-            values.setdefault(name, fixed)
-    elif family == "albert":
-        if "classifier_dropout_prob" in values:
-            value = values.pop("classifier_dropout_prob")
-            values.setdefault("classifier_dropout", value)
-        values.setdefault("embedding_size", 128)  # transformers' AlbertConfig default
-    elif family == "modernbert":
-        values = _modernbert_keys_in(values)
+    model_type = values.get("model_type", "bert")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:  # from_dict names the unknown model_type
+        return values
+    if family.layers == "modern":
+        values = _modernbert_keys_in(values, family)
+    for theirs, ours in family.config_keys.items():
+        if theirs in values:
+            value = values.pop(theirs)
+            values.setdefault(ours, value)
+    for name, default in {**family.defaults, **family.fixed_fields}.items():
+        values.setdefault(name, default)
     return values
 
 
-def _modernbert_keys_in(values: dict[str, Any]) -> dict[str, Any]:
-    """A ModernBERT config.json, in either format, → BertConfig fields (transformers 5's format).
+def _modernbert_keys_in(values: dict[str, Any], family: Family) -> dict[str, Any]:
+    """A ModernBERT config.json, in either format, in transformers 5's format (its own keys are
+    renamed afterwards, by `_family_keys_in`).
 
     The legacy keys of released checkpoints become what transformers 5 writes:
     global_attn_every_n_layers → layer_types (layer i is global when i % n == 0), global_rope_theta /
@@ -458,18 +441,14 @@ def _modernbert_keys_in(values: dict[str, Any]) -> dict[str, Any]:
     (`position_embedding_type`, and `layer_norm_eps` beside `norm_eps`) are kept aside in `extra`.
     """
     extra = dict(values.pop("extra", {}) or {})
-    for name in (*_MODERNBERT_FIXED, *(["layer_norm_eps"] if "norm_eps" in values else [])):
+    for name in (*family.fixed_fields, *(["layer_norm_eps"] if "norm_eps" in values else [])):
         if name in values:
             extra[name] = values.pop(name)
-    for theirs, ours in MODERNBERT_KEYS.items():
-        if theirs in values:
-            value = values.pop(theirs)
-            values.setdefault(ours, value)
     every = values.pop("global_attn_every_n_layers", 3)
     if values.get("layer_types") is None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"global_attn_every_n_layers must be a positive integer, got {every!r}")
-        layers = values.get("num_hidden_layers", _MODERNBERT_DEFAULTS["num_hidden_layers"])
+        layers = values.get("num_hidden_layers", family.defaults["num_hidden_layers"])
         if isinstance(layers, int):
             values["layer_types"] = [LAYER_TYPES[bool(i % every)] for i in range(layers)]
     scaling = values.pop("rope_scaling", None)
@@ -482,9 +461,6 @@ def _modernbert_keys_in(values: dict[str, Any]) -> dict[str, Any]:
         theta = values.pop(legacy, None)
         rope[kind].setdefault("rope_theta", float(theta if theta is not None else _ROPE_THETA[kind]))
     values["rope_parameters"] = rope
-    for name, default in _MODERNBERT_DEFAULTS.items():
-        values.setdefault(name, default)
-    values.update(_MODERNBERT_FIXED)
     values["extra"] = extra
     return values
 
@@ -527,24 +503,16 @@ def check_modernbert(config: "BertConfig") -> list[str]:
 
 def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
     """BertConfig fields → the keys the family's own config.json uses (its transformers class reads them)."""
-    family = values["model_type"]
-    if family != "modernbert":
+    family = family_of(values["model_type"])
+    if family.layers != "modern":
         for name in _MODERNBERT_ONLY:
             values.pop(name)
-    else:
-        for theirs, ours in MODERNBERT_KEYS.items():
-            values[theirs] = values.pop(ours)
-        for name in _MODERNBERT_FIXED:
-            values.pop(name)
-    if family != "albert":
+    if family.model_type != "albert":
         for name in ("embedding_size", "num_hidden_groups", "inner_group_num"):
             values.pop(name)
-    elif "classifier_dropout" in values:
-        values["classifier_dropout_prob"] = values.pop("classifier_dropout")
-    if family == "distilbert":
-        for theirs, ours in DISTILBERT_KEYS.items():
-            if ours in values:
-                values[theirs] = values.pop(ours)
-        for name in _DISTILBERT_FIXED:
-            values.pop(name)
+    for theirs, ours in family.config_keys.items():
+        if ours in values:
+            values[theirs] = values.pop(ours)
+    for name in family.fixed_fields:
+        values.pop(name)
     return values

@@ -5,7 +5,8 @@ returns one dataclass. Tensor names on disk match Hugging Face's `BertFor…` cl
 `qa_outputs`), so a fine-tuned directory loads there with identical predictions.
 
 Every family (`config.model_type`) uses these classes; the sequence classifier is the one head
-whose layers differ, each as its family's `…ForSequenceClassification` (same tensor names):
+whose layers differ, each as its family's `…ForSequenceClassification` (same tensor names; the
+family record's `sequence_classifier` says which):
   bert, albert: pooler (tanh dense on [CLS]) → dropout → classifier
   roberta:      [CLS] state → dropout → classifier.dense → tanh → dropout → classifier.out_proj
   distilbert:   [CLS] state → pre_classifier → ReLU → dropout → classifier
@@ -26,10 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.encoder import modern, tasks
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
-from bertkit.encoder.model import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
 from bertkit.encoder.packing import Packed
 
 
@@ -86,12 +88,13 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        family = config.model_type
-        self.bert = BertModel(config, add_pooling_layer=family in ("bert", "albert"))
+        reads = config.family.sequence_classifier  # what the classifier reads [CLS] through
+        self.bert = BertModel(config, add_pooling_layer=reads == "pooler")
         self.dropout = _classifier_dropout(config)
-        self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size) if family == "distilbert" else None
-        self.head = modern.PredictionHead(config) if config.is_modernbert else None
-        if family == "roberta":
+        self.pre_classifier = (nn.Linear(config.hidden_size, config.hidden_size) if reads == "pre_classifier"
+                               else None)
+        self.head = modern.PredictionHead(config) if reads == "prediction_head" else None
+        if reads == "dense_tanh":
             self.classifier = RobertaClassificationHead(config)
         else:
             self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -107,7 +110,7 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def sentence_logits(self, first: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
         """first: (B, H) state of each sequence's first token; pooled: (B, H) pooler output or None
         → logits (B, K), through the family's head."""
-        if self.config.model_type == "roberta":
+        if self.config.family.sequence_classifier == "dense_tanh":  # RoBERTa
             return self.classifier(first)
         if self.head is not None:  # ModernBERT
             return self.classifier(self.dropout(self.head(first)))

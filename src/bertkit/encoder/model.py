@@ -20,8 +20,9 @@ learned absolute positions); checkpoints convert to and from Hugging Face names 
 - Dropout on CPU (`ops.dropout`) draws its masks from 16-bit random lanes: the probability is
   rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006). Training-time noise only; eval is unaffected.
 
-The same encoder runs BERT's descendants; `config.model_type` says which, and the differences
-are configuration (config.py) and checkpoint names (checkpoint.py), not other classes:
+The same encoder runs BERT's descendants; `config.model_type` says which (`config.family`, its
+record in `bertkit.families`), and the differences are configuration (config.py) and checkpoint
+names (the record's `names`, converted in checkpoint.py), not other classes:
 
 - RoBERTa (Liu et al. 2019): the architecture is BERT's. Positions are numbered from
   pad_token_id + 1 (fairseq's convention: `config.position_offset`, so 514 position rows give 512
@@ -54,12 +55,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.encoder import fused, modern, ops
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.packing import Packed, Padding
-
-IGNORE_INDEX = -100  # label value that losses skip, as in PyTorch's cross_entropy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +410,7 @@ class BertModel(PretrainedMixin, nn.Module):
         A batch without padding, and evaluation under no_grad, each compile a graph of their own
         the first time they come (seconds each). Dropout draws the same masks as eager, so in
         fp32 a compiled run's losses equal an eager run's.
-        On 2 CPU threads it measured no faster than eager (docs/benchmarks.md, `bench/pretrain.py
+        On 2 CPU threads it measured no faster than eager (docs/design.md, `bench/pretrain.py
         --compile`): the fused kernels of GELU, softmax and LayerNorm are bound by their erf/exp
         arithmetic just as the eager ones.
         """
@@ -472,12 +472,12 @@ class BertForPreTraining(PretrainedMixin, nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        sentence_head = config.model_type in ("bert", "albert")
+        sentence_head = config.family.sentence_head is not None
         self.bert = BertModel(config, add_pooling_layer=sentence_head)
         self.mlm = MaskedLMHead(config)
         self.nsp = nn.Linear(config.hidden_size, 2) if sentence_head else None
         rate = config.classifier_dropout if config.classifier_dropout is not None else 0.1
-        self.nsp_dropout = nn.Dropout(rate if config.model_type == "albert" else 0.0)
+        self.nsp_dropout = nn.Dropout(rate if config.family.sentence_head == "SOP" else 0.0)
         for module in (self.mlm, self.nsp):
             if module is not None:
                 module.apply(self.bert._init_weights)
@@ -549,4 +549,4 @@ def count_parameters(module: nn.Module) -> int:
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertOutput", "PreTrainingOutput",
            "PackedOutput",
-           "MaskedLMOutput", "IGNORE_INDEX", "count_parameters", "encoder_of"]
+           "MaskedLMOutput", "count_parameters", "encoder_of"]

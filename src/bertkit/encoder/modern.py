@@ -2,8 +2,9 @@
 
 Warner et al. 2024, "Smarter, Better, Faster, Longer: A Modern Bidirectional Encoder for Fast,
 Memory Efficient, and Long Context Finetuning and Inference" (arXiv 2412.13663). `model.BertModel`
-builds these when `config.model_type == "modernbert"`; everything else (the packed engine path,
-the heads, the checkpoint names, LoRA, training) is the encoder's. How it departs from BERT, and
+builds these when the family record's `layers` is "modern" (`config.is_modernbert`); everything
+else (the packed engine path, the heads, the checkpoint names, LoRA, training) is the encoder's.
+How it departs from BERT, and
 the reference each piece follows (transformers' `models/modernbert/modeling_modernbert.py`, 5.24,
 read as the oracle; the tests compare against it):
 
@@ -53,7 +54,7 @@ from bertkit.encoder.packing import Packed, Padding
 # Queries per block of the packed sliding-window attention: each block reads QUERY_BLOCK + 2w keys,
 # so smaller blocks waste fewer scores and larger ones make fewer, larger kernel calls. At w = 64
 # on the CPU, 32 and 64 measured alike and 128 or more slower (`bench/encoder.py --family
-# modernbert --sweep-blocks`; docs/benchmarks.md).
+# modernbert --sweep-blocks`; docs/design.md).
 QUERY_BLOCK = 64
 
 

@@ -14,7 +14,7 @@ nothing to do with the model's arithmetic:
   row chunks whose fp32 temporaries stay in cache, and writes the gradient in the logits' dtype.
 
 Together they make a `mini` training step over a third faster on 2 threads, with the same losses
-(docs/benchmarks.md; `bench/pretrain.py` gives the ratios against `transformers`).
+(docs/design.md; `bench/pretrain.py` gives the ratios against `transformers`).
 
 Both are exact in what they compute (up to float summation order); the dropout probability is
 rounded to a multiple of 2⁻¹⁵ (0.1 → 0.100006) and the kept values are scaled by 1 / (1 - that).

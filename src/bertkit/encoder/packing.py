@@ -14,7 +14,7 @@ Two layouts, used by the encoder in `model.py` (this module is its kernels, as M
 Key windows (CPU, fp32, inference): for most lengths 1-13 short of a multiple of 16, each
 sequence reads its keys through a window rounded up to that multiple, the rows past the sequence
 masked with -inf (`key_windows`, `windowed_attention`): SDPA's CPU flash kernel runs the last
-length % 16 keys of every score row through a slow partial-vector path. docs/benchmarks.md has
+length % 16 keys of every score row through a slow partial-vector path. docs/design.md has
 the sweep that chose the lengths.
 
 Dimension letters: B batch, T sequence length, N real tokens, H hidden size, nh heads, hs head size.
@@ -164,7 +164,7 @@ def key_windows(layer: nn.Module, qkv: torch.Tensor, length: int) -> bool:
     its slow partial-vector path, which made a 30-token sequence more than twice as slow per token
     as a 32-token one. One or two tokens past a multiple of 16, past 384 and below 8 tokens, the
     wider window measured the same or slower, so those lengths attend as they are (the sweep is in
-    docs/benchmarks.md). fp32 only: bf16 takes another path of the kernel, and autograd would have
+    docs/design.md). fp32 only: bf16 takes another path of the kernel, and autograd would have
     to run backwards through overlapping views.
     """
     return (length % 16 > 2 and 8 <= length <= 384 and qkv.dtype == torch.float32

@@ -90,7 +90,7 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     for name, module in task_heads:
         if _count(module):
             label = {"mlm": "MLM head (decoder tied to token embeddings; own bias)",
-                     "nsp": "SOP head" if config.model_type == "albert" else "NSP head"}.get(name, f"{name} head")
+                     "nsp": f"{config.family.sentence_head} head"}.get(name, f"{name} head")
             rows.append((label, _count(module)))
     return rows
 
@@ -124,7 +124,7 @@ def format_parameter_table(spec: str | Path, vocab_size: int | None = None) -> s
     total = sum(p.numel() for p in model.parameters())
     width = max(len(name) for name, _ in rows)
     family = ""
-    if config.model_type == "albert":
+    if config.family.shares_layers:
         family = (f"; ALBERT: embeddings {config.embedding_dim} wide, {len(encoder_of(model).schedule)} "
                   f"depths run {config.num_layer_weights} stored layer(s)")
     elif config.is_modernbert:

@@ -1,7 +1,7 @@
 """Which head does which task: the one table every part of bertkit reads.
 
 A model directory names its head in config.json's `architectures`: a family prefix (`Bert`,
-`Roberta`, `Albert`, `DistilBert`; `config.CLASS_PREFIXES`), then the head's *kind*
+`Roberta`, `Albert`, `DistilBert`; each family's `class_prefix` in `bertkit.families`), then the head's *kind*
 (`ForSequenceClassification`, ...). Three vocabularies meet here, as transformers' `models/auto/`
 tables join model types, classes and pipelines:
 
@@ -32,7 +32,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertkit.encoder.config import CLASS_PREFIXES, BertConfig
+from bertkit.constants import label_name
+from bertkit.encoder.config import BertConfig
+from bertkit.families import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ PREDICT_TASKS = tuple(name for name, t in FINETUNE_TASKS.items() if not t.retrie
 
 def kind_of(class_name: str) -> str | None:
     """"RobertaForMaskedLM" → "ForMaskedLM"; None for a class of no family or kind bertkit implements."""
-    for prefix in CLASS_PREFIXES.values():
+    for prefix in (family.class_prefix for family in FAMILIES.values()):
         if class_name.startswith(prefix) and class_name[len(prefix):] in HEADS:
             return class_name[len(prefix):]
     return None
@@ -139,7 +141,7 @@ def label_names(config: BertConfig) -> list[str]:
     """The names of a classification head's outputs, in logit order (LABEL_i where config.json
     names none, as transformers does)."""
     id2label = config.id2label or {}
-    return [id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
+    return [id2label.get(i, label_name(i)) for i in range(config.num_labels)]
 
 
 def use_of(model_dir: str | os.PathLike) -> str:

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.builtin import MINIMAL_PAIRS
 from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, jieba_word_starts, jieba_words, mask_text
-from bertkit.data.report import IGNORE_INDEX
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
 from bertkit.encoder.summary import parameter_rows
@@ -365,7 +365,8 @@ def attention_trace(encoder: BertModel, input_ids: torch.Tensor, token_type_ids:
         x = x.reshape(batch * length, -1)  # (B*T, H)
         for i in encoder.schedule:
             layer = encoder.layers[i]
-            if config.is_modernbert:  # pre-LN, rotary, sliding windows: the layer writes itself out
+            # Any layer but BERT's (ModernBERT's: pre-LN, rotary, sliding windows) writes itself out.
+            if config.family.layers != "bert":
                 scores, probs, x = layer.explicit(x, batch, length, keys)
                 scores_out.append(scores)
                 probs_out.append(probs)

@@ -10,11 +10,10 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from bertkit.constants import POOLINGS
 from bertkit.encoder.model import encoder_of
 from bertkit.inference.common import Ids, Use, as_texts, engine_for, run_ids
 from bertkit.inference.engine import Batch, Engine
-
-POOLINGS = ("mean", "cls", "max")
 
 
 def pool(hidden: torch.Tensor, batch: Batch, mode: str) -> torch.Tensor:

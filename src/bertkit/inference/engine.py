@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from bertkit.backend.malloc import keep_freed_memory
+from bertkit.constants import ENGINE_PRECISIONS
 from bertkit.data.formats.common import WordPieces
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder import tasks
@@ -43,7 +44,6 @@ from bertkit.util.fileio import model_directory
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DEFAULT_MAX_BATCH_TOKENS = 8192  # large enough to keep 2 cores' GEMMs efficient, small for memory
 
 # ---------------------------------------------------------------------------------------------
@@ -103,8 +103,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     int8 is never chosen by 'auto': it changes results (cosine ≈ 0.99 against fp32), so it has
     to be asked for.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision not in ENGINE_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
     if precision == "int8" and device.type != "cpu":
         raise ValueError("precision int8 (dynamic quantization) runs on the CPU only; use bf16 on "
                          f"{device.type}")

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
+from bertkit.constants import SPARSE_POOLINGS
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
 from bertkit.inference.common import Ids, Use, as_texts, run_ids
@@ -36,7 +37,6 @@ from bertkit.inference.engine import Batch, Engine, sentence_transformers_module
 # Token rows per vocabulary projection: 512 × 30,522 fp32 logits are 62 MB, large enough for
 # efficient GEMMs, small enough for any machine.
 PROJECTION_ROWS = 512
-POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
 
 
@@ -48,9 +48,9 @@ class SpladePooling:
     declared: bool = field(default=False, compare=False)  # read from a SparseEncoder directory's own files
 
     def __post_init__(self) -> None:
-        if self.pooling_strategy not in POOLING_STRATEGIES:
+        if self.pooling_strategy not in SPARSE_POOLINGS:
             raise ValueError(f"unknown SPLADE pooling_strategy {self.pooling_strategy!r}; use one of "
-                             f"{', '.join(POOLING_STRATEGIES)}")
+                             f"{', '.join(SPARSE_POOLINGS)}")
         if self.activation_function not in ACTIVATIONS:
             raise ValueError(f"unknown SPLADE activation_function {self.activation_function!r}; use one "
                              f"of {', '.join(ACTIVATIONS)}")

@@ -17,7 +17,7 @@ queries, and the mix beat either alone (bench/retrieval.py picks the weight on d
 A cross-encoder scores each pair at the length it was trained at (`load_reranker`: its
 tokenizer's model_max_length, which `finetune --task rerank` sets), not the model's 512
 positions: a news body runs to ~430 pieces, and MiniLM spent 4.5x the time of 128 pieces on 100
-BBC pairs at 512 (issue 15) for a reranker that had never read past its training length.
+BBC pairs at 512 for a reranker that had never read past its training length.
 """
 
 from __future__ import annotations

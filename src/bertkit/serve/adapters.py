@@ -81,7 +81,7 @@ class ServedAdapters:
         if root is not None and not Path(root).is_dir():
             raise ValueError(f"--adapter-root {root} is not a directory")
         hosts = {name: AdapterHost(m.engine, m.engine.model_dir, name) for name, m in models.items()
-                 if m.engine.config.model_type != "albert"}
+                 if not m.engine.config.family.shares_layers}
         if not hosts:
             raise ValueError("no served model can take adapters (ALBERT shares its layers across the depth)")
         return cls(hosts, dict(models), Path(root).resolve() if root is not None else None)

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bertkit import __version__
+from bertkit.constants import label_name
 from bertkit.inference.classify import score_function
 from bertkit.inference.tokens import tokens as pieces_of
 from bertkit.serve import schemas
@@ -174,7 +175,7 @@ async def route_predict(service: Service, request: Request) -> Response:
     config = model.engine.config
     function = "none" if req.raw_scores else score_function(config)
     scores = logits.softmax(-1) if function == "softmax" else logits.sigmoid() if function == "sigmoid" else logits
-    labels = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+    labels = config.id2label or {i: label_name(i) for i in range(config.num_labels)}
     out = [sorted(({"score": s, "label": labels[k]} for k, s in enumerate(row)), key=lambda p: -p["score"])
            for row in scores.tolist()]
     return JSONResponse(out[0] if single else out)

@@ -44,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.backend.precision import PRECISIONS, autocast, resolve_precision
+from bertkit.backend.precision import autocast, resolve_precision
+from bertkit.constants import DISTILL_TASKS, IGNORE_INDEX, TRAINING_PRECISIONS
 from bertkit.data.formats.common import pad_batch
-from bertkit.data.report import IGNORE_INDEX
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.checkpoint import load_into, read_state_dict
 from bertkit.encoder.config import BertConfig
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "distill_config.json"
 SUMMARY_FILE = "summary.json"
-TASKS = ("classify", "ner")
 RUN_OUTPUTS = (CONFIG_FILE, SUMMARY_FILE, state.METRICS, state.CHECKPOINTS, state.MODEL, "tokenizer")
 RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "out_dir", "eval_batch_size"}
 # Labels of unlabeled NER words: a first piece to distil at, with no gold tag (hard loss skips it).
@@ -128,8 +127,8 @@ class DistillConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.task is not None and self.task not in TASKS:
-            problems.append(f"task {self.task!r} cannot be distilled; choose {' or '.join(TASKS)}, "
+        if self.task is not None and self.task not in DISTILL_TASKS:
+            problems.append(f"task {self.task!r} cannot be distilled; choose {' or '.join(DISTILL_TASKS)}, "
                             "or leave it out for general distillation on --data")
         if self.task is None and self.data is None:
             problems.append("general distillation needs --data DATA_DIR (from `bertkit prepare`); "
@@ -160,8 +159,8 @@ class DistillConfig:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if self.resume and self.overwrite:
             problems.append("resume and overwrite exclude each other; pass one")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in TRAINING_PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if problems:
             raise ValueError("invalid distillation settings: " + "; ".join(problems))
 
@@ -191,7 +190,7 @@ def student_from_teacher(teacher: nn.Module, layers: list[int]) -> nn.Module:
     """A model of the teacher's class and width with len(layers) layers: layer i is a copy of the
     teacher's layer layers[i]; everything outside the layers (embeddings, pooler, heads) is copied."""
     config: BertConfig = teacher.config
-    if config.model_type == "albert":
+    if config.family.shares_layers:
         raise ValueError("ALBERT shares one set of layer weights across its depth: there are no "
                          "distinct layers to pick; distil a BERT, RoBERTa or DistilBERT teacher")
     depth = config.num_hidden_layers

@@ -17,7 +17,8 @@ Targets are named as PEFT names BERT's modules:
     intermediate      intermediate.dense                    ffn_in
     output            output.dense                          ffn_out
 
-ModernBERT's targets are its own module names, as PEFT names them (its Q/K/V are fused already):
+ModernBERT's targets are its own module names, as PEFT names them (its Q/K/V are fused already);
+each family's targets are its record's (`Family.lora_targets` in `bertkit.families`):
 
     Wqkv              attn.Wqkv                             qkv (whole)
     Wo                attn.Wo and mlp.Wo                    attn_out and ffn_out
@@ -49,6 +50,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bertkit.adapters.files import base_record, fingerprint, write_side_file
+from bertkit.constants import label_name
 from bertkit.encoder.checkpoint import (
     architecture_name,
     from_hf_state_dict,
@@ -57,7 +59,9 @@ from bertkit.encoder.checkpoint import (
     read_state_dict,
     to_hf_state_dict,
 )
+from bertkit.encoder.config import BertConfig
 from bertkit.encoder.model import encoder_of
+from bertkit.families import FAMILIES
 from bertkit.util.fileio import atomic_path, atomic_write_json
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -65,23 +69,18 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Adapters of a training state (bertkit names), next to the frozen base weights in model.safetensors.
 STATE_WEIGHTS = "lora_state.safetensors"
 SAVE_MODES = ("merged", "adapters")
-# target → (bertkit module in a layer, index of its third of the fused qkv, or None for the whole)
+# target → (bertkit module in a layer, index of its third of the fused qkv, or None for the whole):
+# every family's targets (`Family.lora_targets`), each by its first module.
 TARGETS: dict[str, tuple[str, int | None]] = {
-    "query": ("qkv", 0), "key": ("qkv", 1), "value": ("qkv", 2),
-    "attention.output": ("attn_out", None), "intermediate": ("ffn_in", None), "output": ("ffn_out", None),
-    "Wqkv": ("qkv", None), "Wo": ("attn_out", None), "Wi": ("ffn_in", None),
-}
-# ModernBERT's targets: PEFT matches a module's last name, and both of its Wo are called Wo.
-MODERN_TARGETS = {"Wqkv": (("qkv", None),), "Wo": (("attn_out", None), ("ffn_out", None)), "Wi": (("ffn_in", None),)}
+    target: modules[0] for family in FAMILIES.values() for target, modules in family.lora_targets.items()}
 
 
-def modules_of(target: str, model_type: str) -> tuple[tuple[str, int | None], ...]:
-    """(bertkit module in a layer, third of the fused qkv or None) pairs a target adapts, for a
-    family; ValueError when the target names no module of that family."""
-    own = MODERN_TARGETS if model_type == "modernbert" else {t: (m,) for t, m in TARGETS.items()
-                                                              if t not in MODERN_TARGETS}
+def modules_of(target: str, config: BertConfig) -> tuple[tuple[str, int | None], ...]:
+    """(bertkit module in a layer, third of the fused qkv or None) pairs a target adapts in a model
+    of `config`'s family; ValueError when the target names no module of that family."""
+    own = config.family.lora_targets
     if target not in own:
-        raise ValueError(f"LoRA target {target!r} is not a module of a {model_type} model; choose among "
+        raise ValueError(f"LoRA target {target!r} is not a module of a {config.model_type} model; choose among "
                          f"{', '.join(own)}")
     return own[target]
 PEFT_TASK_TYPES = {"BertForSequenceClassification": "SEQ_CLS", "BertForTokenClassification": "TOKEN_CLS",
@@ -247,19 +246,19 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> LoraReport:
     if not hasattr(model, "bert") and not hasattr(model, "layers"):
         raise ValueError(f"LoRA needs an encoder or a task model with one under .bert, got {type(model).__name__}")
     config = model.config
-    if config.model_type == "albert":
+    if config.family.shares_layers:
         raise ValueError("LoRA is not supported for ALBERT (its layers are shared across the depth); "
                          "use full fine-tuning or --freeze-encoder")
     hidden = config.hidden_size
     total = sum(p.numel() for p in model.parameters())
     for target in spec.targets:
-        modules_of(target, config.model_type)
+        modules_of(target, config)
     for param in model.parameters():
         param.requires_grad_(False)
     for layer in encoder_of(model).layers:
         wanted: dict[str, dict[str, tuple[int, int]]] = {}
         for target in spec.targets:
-            for module, third in modules_of(target, config.model_type):
+            for module, third in modules_of(target, config):
                 out = getattr(layer, module).out_features
                 wanted.setdefault(module, {})[target] = ((third * hidden, (third + 1) * hidden)
                                                          if third is not None else (0, out))
@@ -341,7 +340,7 @@ def peft_target_modules(model: nn.Module) -> list[str] | str:
     q/k/v names), else a regex (PEFT full-matches a string) that names the exact module paths,
     since a suffix `output.dense` would also match `attention.output.dense`."""
     names = sorted({_hf_module_name(model, 0, module, t) for t in model.lora_spec.targets
-                    for module, _ in modules_of(t, model.config.model_type)})
+                    for module, _ in modules_of(t, model.config)})
     if all(TARGETS[t][1] is not None for t in model.lora_spec.targets):
         return sorted(n.rsplit(".", 1)[1] for n in names)
     stem = re.escape(_hf_module_name(model, 0, "attn_out", "attention.output").split(".0.", 1)[0])
@@ -363,7 +362,7 @@ def save_adapters(model: nn.Module, out_dir: str | Path, base_model: str, *, use
         save_file(adapter_tensors(model), str(tmp), metadata={"format": "pt"})
     use = use or {"SEQ_CLS": "classify", "TOKEN_CLS": "ner", "QUESTION_ANS": "qa"}.get(task_type, "embed")
     config = model.config
-    labels = ([config.id2label.get(i, f"LABEL_{i}") for i in range(config.num_labels)]
+    labels = ([config.id2label.get(i, label_name(i)) for i in range(config.num_labels)]
               if use in ("classify", "rerank", "ner") and config.id2label else None)
     write_side_file(out, use=use, labels=labels, problem_type=config.problem_type, max_length=max_length,
                     pooling=pooling, base=base_record(config, fingerprint(encoder_of(model)), str(base_model)))

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from bertkit.data.report import IGNORE_INDEX
+from bertkit.constants import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

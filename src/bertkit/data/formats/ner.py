@@ -26,8 +26,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.formats.common import WordPieces, known_label_order, max_context_owner, window_spans
-from bertkit.data.report import IGNORE_INDEX, DataReport
+from bertkit.data.report import DataReport
 from bertkit.data.rows import read_rows, text_lines
 from bertkit.data.scoring import get_entities, split_tag
 

@@ -16,10 +16,11 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 from torch import nn
 
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data import labelled, scoring
 from bertkit.data.formats import classify, ner, qa
 from bertkit.data.formats.common import WordPieces
-from bertkit.data.report import IGNORE_INDEX, DataReport, read_text
+from bertkit.data.report import DataReport, read_text
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder import tasks
 from bertkit.encoder.config import BertConfig

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from bertkit.backend.precision import autocast
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.shards import PretrainingBatches
-from bertkit.encoder.model import IGNORE_INDEX
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from bertkit.backend.precision import PRECISIONS
+from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.data.shards import OBJECTIVES
 from bertkit.encoder.config import BertConfig, check_override_keys
 from bertkit.train import optim, state
@@ -70,7 +70,7 @@ class PretrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     # DataLoader worker processes preparing batches ahead of the model. None = one on CUDA or
     # where a CPU core is left over by torch's threads, else none: on 2 cores with 2 threads a
-    # worker competes with the compute and slows it (docs/benchmarks.md).
+    # worker competes with the compute and slows it (docs/design.md).
     num_workers: int | None = None
     seed: int = 0
 
@@ -111,8 +111,8 @@ class PretrainConfig:
             problems.append(f"lr must be > 0, got {self.lr!r}")
         if self.mlm_probability is not None and not 0 < self.mlm_probability < 1:
             problems.append(f"mlm_probability must be in (0, 1), got {self.mlm_probability!r}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in TRAINING_PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.schedule not in optim.SCHEDULES:
             problems.append(f"schedule must be one of {', '.join(optim.SCHEDULES)}, got {self.schedule!r}")
         if self.num_workers is not None and self.num_workers < 0:
@@ -152,10 +152,10 @@ class PretrainConfig:
 
 
 def default_mlm_probability(model: str, overrides: dict[str, Any] | None = None) -> float:
-    """0.30 for a ModernBERT preset or directory, else BERT's 0.15 (a spec that does not resolve
-    is left to the model's own error later)."""
+    """The model family's mask rate (`Family.mlm_probability`: 0.30 for ModernBERT, else BERT's
+    0.15); BERT's for a spec that does not resolve, which is left to the model's own error later."""
     try:
-        family = BertConfig.resolve(model, **(overrides or {})).model_type
+        config = BertConfig.resolve(model, **(overrides or {}))
     except (ValueError, OSError):
-        family = "bert"
-    return 0.30 if family == "modernbert" else 0.15
+        config = BertConfig()
+    return config.family.mlm_probability

@@ -34,11 +34,12 @@ import torch.distributed as dist
 from torch import nn
 
 from bertkit.backend.precision import autocast, resolve_precision
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data.shards import PretrainingBatches, PretrainingData
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.checkpoint import load_into, read_state_dict
 from bertkit.encoder.config import BertConfig
-from bertkit.encoder.model import IGNORE_INDEX, BertForPreTraining, count_parameters
+from bertkit.encoder.model import BertForPreTraining, count_parameters
 from bertkit.train import optim, state
 from bertkit.train.pretrain.batches import (
     STATS,
