@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from bertkit.cli.common import add_engine_arguments, add_training_engine_arguments, print_file_job
+from bertkit.constants import FINETUNE_TASKS, LABELLED_TASKS, TRAINED_POOLINGS
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +30,7 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                        argument_default=argparse.SUPPRESS)
     # Groups only shape --help, one heading per concern; they leave the namespace as it was.
     g = p.add_argument_group("model and data")
-    g.add_argument("--task", required=True, choices=["classify", "pair", "ner", "qa", "embed", "rerank", "sparse"],
+    g.add_argument("--task", required=True, choices=FINETUNE_TASKS,
                    help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (--loss on "
                    "mined negatives); their data: JSONL {query, positive, negatives?} or TSV "
                    "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval")
@@ -97,7 +98,7 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                    help="allow 'no answer' even if the training file is v1.1")
 
     g = p.add_argument_group("embed / rerank (retrieval)")
-    g.add_argument("--pooling", choices=["mean", "cls"], help="embed: pooling (mean)")
+    g.add_argument("--pooling", choices=TRAINED_POOLINGS, help="embed: pooling (mean)")
     g.add_argument("--scale", type=float, help="embed: cosine × scale = logit (20, a temperature of 0.05)")
     g.add_argument("--hard-negatives", type=int, help="embed: a row's negatives per query in the batch (1)")
     g.add_argument("--negatives", type=int, help="rerank: negatives per positive (3)")
@@ -190,7 +191,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-format", dest="fmt", choices=["auto", "txt", "jsonl", "csv", "tsv", "conll", "squad"],
                    help="the input's format (default: by its suffix; .json is SQuAD)")
     p.add_argument("--out", required=True, dest="out_path", help="JSONL predictions")
-    p.add_argument("--task", choices=["classify", "pair", "ner", "qa"])
+    p.add_argument("--task", choices=LABELLED_TASKS)
     p.add_argument("--batch-size", type=int,
                    help="windows per batch: the engine's token budget is this × --max-length "
                    "(default: 8,192 tokens)")
