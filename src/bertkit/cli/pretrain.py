@@ -94,16 +94,17 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> None:
-    from bertkit.data.prepare import prepare
+    from bertkit.data.prepare import PrepareConfig, run_prepare
 
-    stats = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len,
-                    nsp=args.nsp, objective=args.objective, short_seq_prob=args.short_seq_prob,
-                    whole_word_mask=args.whole_word_mask, static_masking=args.static_masking,
-                    dupe_factor=args.dupe_factor, mlm_probability=args.mlm_probability,
-                    max_predictions_per_seq=args.max_predictions_per_seq,
-                    eval_fraction=args.eval_fraction, seed=args.seed, workers=args.workers,
-                    overwrite=args.overwrite, corpus_format=args.format,
-                    text_field=args.text_field)
+    config = PrepareConfig(corpus=args.corpus, tokenizer_dir=args.tokenizer, out_dir=args.out,
+                           max_seq_len=args.max_seq_len, nsp=args.nsp, objective=args.objective,
+                           short_seq_prob=args.short_seq_prob, whole_word_mask=args.whole_word_mask,
+                           static_masking=args.static_masking, dupe_factor=args.dupe_factor,
+                           mlm_probability=args.mlm_probability,
+                           max_predictions_per_seq=args.max_predictions_per_seq,
+                           eval_fraction=args.eval_fraction, seed=args.seed, workers=args.workers,
+                           overwrite=args.overwrite, corpus_format=args.format, text_field=args.text_field)
+    stats = run_prepare(config)
     print(stats.summary())
 
 

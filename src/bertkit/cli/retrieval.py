@@ -76,7 +76,7 @@ def _backend_params(args: argparse.Namespace) -> dict:
 
 
 def _run_index(args: argparse.Namespace) -> None:
-    from bertkit.retrieval import build_index
+    from bertkit.retrieval.index import IndexConfig, run_build_index
 
     if args.upsert or args.delete:
         return _run_update(args)
@@ -84,15 +84,15 @@ def _run_index(args: argparse.Namespace) -> None:
         return _run_sparse_side(args)
     if args.corpus is None or args.model is None:
         raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
-    summary = build_index(args.corpus, args.model, args.out, resume=args.resume,
-                          overwrite=args.overwrite, progress=args.progress,
-                          text_field=args.text_field, id_field=args.id_field, pooling=args.pooling,
-                          passage_tokens=args.passage_tokens, passage_overlap=args.passage_overlap,
-                          late_chunking=args.late_chunking, backend=args.backend,
-                          backend_params=_backend_params(args), bm25=args.bm25,
-                          precision=args.precision, max_batch_tokens=args.max_batch_tokens,
-                          device=args.device,
-                          **({"max_length": args.max_length} if args.max_length else {}))
+    engine_options = {"precision": args.precision, "max_batch_tokens": args.max_batch_tokens,
+                      "device": args.device, **({"max_length": args.max_length} if args.max_length else {})}
+    config = IndexConfig(corpus=args.corpus, model=args.model, out_dir=args.out, resume=args.resume,
+                         overwrite=args.overwrite, progress=args.progress, text_field=args.text_field,
+                         id_field=args.id_field, pooling=args.pooling, passage_tokens=args.passage_tokens,
+                         passage_overlap=args.passage_overlap, late_chunking=args.late_chunking,
+                         backend=args.backend, backend_params=_backend_params(args), bm25=args.bm25,
+                         engine_options=engine_options)
+    summary = run_build_index(config)
     truncated = f", {summary['truncated']} truncated" if summary["truncated"] else ""
     print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
           f"{summary['skipped']} rows skipped{truncated}; backend {summary['backend']}) into "

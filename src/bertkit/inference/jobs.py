@@ -25,7 +25,7 @@ from bertkit.encoder.config import BertConfig
 from bertkit.inference.classify import classify, rerank
 from bertkit.inference.embed import embed
 from bertkit.inference.engine import Engine
-from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, run_file
+from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, RunFileConfig, run_file_job
 from bertkit.inference.fill_mask import fill_mask
 from bertkit.inference.ner import ner, ner_words
 from bertkit.inference.qa import qa
@@ -105,11 +105,12 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
     settings = {"use": use, "model": str(Path(engine.model_dir).resolve()) if engine.model_dir else None,
                 "precision": engine.precision, "max_length": engine.max_length,
                 "truncate": engine.truncate, **options}
-    return run_file(input_path, out, chunk_function(use, engine, dict(options)), kind=kind,
-                    dim=(options.get("truncate_dim") or engine.config.hidden_size) if kind == "npy" else None,
-                    chunk_size=chunk_size,
-                    resume=resume, overwrite=overwrite, progress=progress, settings=settings, fmt=fmt,
-                    text_field=text_field, pair_field=pair_field, words_field=words_field, desc=use)
+    config = RunFileConfig(input_path=input_path, out_path=out, kind=kind,
+                           dim=(options.get("truncate_dim") or engine.config.hidden_size) if kind == "npy" else None,
+                           chunk_size=chunk_size, resume=resume, overwrite=overwrite, progress=progress,
+                           settings=settings, fmt=fmt, text_field=text_field, pair_field=pair_field,
+                           words_field=words_field, desc=use)
+    return run_file_job(config, chunk_function(use, engine, dict(options)))
 
 
 # ---------------------------------------------------------------------------------------------

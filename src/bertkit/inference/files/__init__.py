@@ -8,7 +8,7 @@
 Nothing here knows about models; `inference.jobs` gives each use of a model its chunk function.
 """
 
-from bertkit.inference.files.job import DEFAULT_CHUNK_SIZE, KINDS, run_file
+from bertkit.inference.files.job import DEFAULT_CHUNK_SIZE, KINDS, RunFileConfig, run_file, run_file_job
 from bertkit.inference.files.records import (
     DEFAULT_MAX_CHARS,
     FORMAT_SUFFIXES,
@@ -21,4 +21,5 @@ from bertkit.inference.files.records import (
 from bertkit.inference.files.state import OutputFiles, input_fingerprint
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "DEFAULT_MAX_CHARS", "FORMAT_SUFFIXES", "FORMATS", "KINDS", "OutputFiles", "Record",
-           "RecordReport", "input_fingerprint", "read_records", "record_format", "run_file"]
+           "RecordReport", "input_fingerprint", "read_records", "record_format", "run_file",
+           "RunFileConfig", "run_file_job"]
