@@ -143,8 +143,9 @@ def _run_embed(args: argparse.Namespace) -> None:
         return _run_embed_sparse(args)
     if args.top_k is not None:
         raise ValueError("--top-k goes with --sparse (dense embeddings keep every dimension; see --truncate-dim)")
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
     from bertkit.inference import embed
-    from bertkit.inference.embed import resolve_pooling, resolve_prompt, sentence_transformers_settings
+    from bertkit.inference.embed import resolve_pooling, resolve_prompt
 
     settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
@@ -169,7 +170,8 @@ def _run_embed(args: argparse.Namespace) -> None:
 
 def _run_embed_sparse(args: argparse.Namespace) -> None:
     """`embed --sparse`: each text's top terms, or a file job of {"indices", "values"} rows."""
-    from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
+    from bertkit.inference.embed import resolve_prompt
     from bertkit.inference.sparse import decode, embed_sparse, sparse_engine
 
     dense_only = [flag for flag, given in (("--pooling", args.pooling), ("--no-normalize", args.normalize is False),

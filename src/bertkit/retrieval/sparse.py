@@ -50,9 +50,10 @@ def build_sparse(index_dir: str | os.PathLike, model: Any, *, top_k: int | None 
     dir or an Engine loaded for fill-mask) into INDEX/sparse/. top_k: keep each passage's k
     largest weights (None: all). resume: continue a killed encoding. An existing sparse side is
     replaced. Returns {"rows", "nnz", "model", "seconds"}."""
+    from bertkit.encoder.sentence_transformers import SpladePooling
     from bertkit.inference import Engine
     from bertkit.inference.files import run_file
-    from bertkit.inference.sparse import SpladePooling, embed_sparse, sparse_engine
+    from bertkit.inference.sparse import embed_sparse, sparse_engine
 
     started = time.monotonic()
     root = Path(index_dir)
