@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from bertkit.cli.common import add_training_engine_arguments
+from bertkit.cli.common import add_run_arguments, add_training_engine_arguments, config_settings
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -176,9 +176,8 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-bad-steps", type=int, help="non-finite steps in a row before stopping (10)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="stop cleanly with a checkpoint after this much training; --resume continues")
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
-    p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start over in an existing RUN_DIR")
+    add_run_arguments(p, resume="continue RUN_DIR from its last checkpoint",
+                      overwrite="start over in an existing RUN_DIR")
     p.set_defaults(func=_run_pretrain)
 
 
@@ -188,7 +187,7 @@ def _run_pretrain(args: argparse.Namespace) -> None:
     from bertkit.train.pretrain import Interrupted, PretrainConfig, TrainingDiverged, pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model_args")}
+    settings = config_settings(args, "model_args")
     overrides = {}
     for item in getattr(args, "model_args", None) or []:
         key, sep, value = item.partition("=")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_json
+from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_json
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -61,9 +61,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                    "index for search --sparse); without CORPUS, add or replace the sparse side of the index at --out")
     g.add_argument("--sparse-top-k", type=int, default=None,
                    help="keep each passage's K largest sparse weights (default: all non-zero)")
-    p.add_argument("--resume", action="store_true", help="continue a killed build")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing index")
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    add_run_arguments(p, resume="continue a killed build", overwrite="replace an existing index")
     add_engine_arguments(p, max_batch_tokens_help=BATCH_TOKENS_HELP,
                          max_length_help="pieces per encoded sequence (the model's limit)")
     p.set_defaults(func=_run_index)

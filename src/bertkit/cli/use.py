@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_file_job, print_json
+from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_file_job, print_json
 
 # What --input-format names (records.FORMATS but squad, which only predict reads); kept here so
 # that building the parser imports nothing heavy.
@@ -39,9 +39,7 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
     p.add_argument("--input-format", choices=INPUT_FORMATS, default="auto",
                    help="the --input file's format (default: by its suffix)")
     p.add_argument("--text-field", default="text", help="jsonl key / csv column of the text (text)")
-    p.add_argument("--resume", action="store_true", help="continue a killed --input run")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    add_run_arguments(p, resume="continue a killed --input run", overwrite="replace an existing --out")
     add_engine_arguments(p, explain_precision=True, max_batch_tokens_help=BATCH_TOKENS_HELP,
                          max_length_help="tokens per input (default: the model's limit)", truncate=True)
     p.add_argument("--json", action="store_true", help="print one JSON object per text")

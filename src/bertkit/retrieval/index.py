@@ -77,6 +77,16 @@ def model_fingerprint(model_dir: str | os.PathLike, tokenizer: Any = None) -> di
     return {"model": digest.hexdigest()[:32], "tokenizer": tokenizer.fingerprint()}
 
 
+def recorded_model_dir(model: str | os.PathLike | None, recorded: str, owner: str, flag: str) -> str | os.PathLike:
+    """The model directory a query loads: `model` when given, else the one `owner` ("the index",
+    "the sparse side") recorded; FileNotFoundError naming it and the fix when it is gone."""
+    model_dir = model if model is not None else recorded
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"{owner}'s model {model_dir} is not there any more; pass {flag} with "
+                                f"the same model, or rebuild {owner}")
+    return model_dir
+
+
 def _engine(model: Any, **options: Any):
     from bertkit.inference import Engine
 
