@@ -1,7 +1,8 @@
 """Files of any size through any per-chunk function: streamed reading, bounded memory, exact resume.
 
     records.py  input files as `Record`s: txt, jsonl, csv/tsv, CoNLL, SQuAD (`read_records`)
-    job.py      `run_file`: records chunk by chunk through `process` into one .npy / .jsonl output
+    job.py      `run_file` (its settings: `RunFileConfig`): records chunk by chunk through `process`
+                into one .npy / .jsonl output
     state.py    what a run keeps beside its output so that a killed run resumes exactly
     group.py    the processes that share one file under torchrun
 
