@@ -110,3 +110,32 @@ if __name__ == "__main__":  # python tests/family_fixtures.py OUT_ROOT: one MLM 
     root = Path(sys.argv[1])
     for name in PREFIX:
         print(make_checkpoint(name, root / name))
+
+
+def transformers_mean(directory: Path, texts: list[str]) -> torch.Tensor:
+    """(len(texts), H) transformers' AutoModel states of `directory`, mean over each text's tokens:
+    the reference for `embed(..., pooling="mean", normalize=False)`."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModel.from_pretrained(directory).eval()
+    inputs = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state  # (B, T, H)
+    mask = inputs["attention_mask"].unsqueeze(-1).float()  # (B, T, 1)
+    return (hidden * mask).sum(1) / mask.sum(1)
+
+
+def transformers_top_masked(directory: Path, text: str, k: int = 5) -> tuple[list[int], list[float]]:
+    """transformers' k most likely tokens at the one mask of `text`: (token ids, probabilities),
+    the reference for `fill_mask(directory, [text], top_k=k)`."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(directory).eval()
+    inputs = tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]  # (T, V)
+    position = int((inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero())
+    top = logits[position].softmax(-1).topk(k)
+    return top.indices.tolist(), top.values.tolist()

@@ -5,7 +5,6 @@ uninterrupted run's logged losses."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining
 from bertkit.train import distill as ds
 from bertkit.train import state
 
+from finetune_fixtures import sentiment_rows, write_jsonl
 from pretrain_fixtures import TINY_MODEL, make_data, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,26 +89,6 @@ def test_loss_terms_equal_hand_computations():
 
 
 # ---------------------------------------------------------------------------------------------
-POS, NEG = ["great", "good", "excellent", "nice"], ["bad", "awful", "terrible", "poor"]
-FILLER = ["the", "movie", "was", "very", "a", "film", "plot", "and"]
-
-
-def sentiment_rows(n: int, seed: int, labelled: bool = True) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        positive = rng.random() < 0.5
-        words = [rng.choice(POS if positive else NEG)] + rng.choices(FILLER, k=5)
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), **({"label": "pos" if positive else "neg"} if labelled else {})})
-    return rows
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def classify_inputs(tmp_path_factory, minilm_dir):
     """A 4-layer classifier teacher (random weights: its soft labels are what the student must

@@ -13,8 +13,6 @@ import httpx
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402  (after the skip: a test dependency)
-from schemathesis import GenerationMode  # noqa: E402
 
 from bertkit.data.tokenizer import BertTokenizer  # noqa: E402
 from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification  # noqa: E402
@@ -23,7 +21,7 @@ from bertkit.explore import Explorer, build_app  # noqa: E402
 from bertkit.explore.app import openapi  # noqa: E402
 
 from model_fixtures import save_tiny  # noqa: E402
-from web_fixtures import running_app  # noqa: E402
+from web_fixtures import fuzz_operation, running_app  # noqa: E402
 
 WAIT = 30.0
 FUZZ_EXAMPLES = int(os.environ.get("BERTKIT_FUZZ_EXAMPLES", "10"))
@@ -69,7 +67,6 @@ def test_every_operation_answers_as_documented(api_schema, method, path, mode):
     operation = api_schema[path][method]
     if mode == "negative" and not operation.body:
         pytest.skip("no body to make invalid")
-    checks = [getattr(schemathesis.checks, c) for c in CHECKS]
     statuses: Counter = Counter()
 
     def steer(case) -> None:
@@ -86,16 +83,8 @@ def test_every_operation_answers_as_documented(api_schema, method, path, mode):
             body.pop("texts", None)
             body.pop("query", None)
 
-    @given(case=operation.as_strategy(generation_mode=GenerationMode(mode)))
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-    def run(case) -> None:
-        steer(case)
-        response = case.call(timeout=WAIT)
-        statuses[response.status_code] += 1
-        case.validate_response(response, checks=checks)
-
-    run()
+    fuzz_operation(api_schema, method, path, mode, examples=FUZZ_EXAMPLES, checks=CHECKS, steer=steer,
+                   statuses=statuses, wait=WAIT)
     print(f"{method.upper()} {path} ({mode}): {dict(sorted(statuses.items()))}")  # shown with -s
     assert statuses and not any(s >= 500 for s in statuses)
 

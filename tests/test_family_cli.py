@@ -11,7 +11,7 @@ import torch
 from bertkit.cli import main
 from bertkit.inference import embed, fill_mask
 
-from family_fixtures import PREFIX, make_checkpoint
+from family_fixtures import PREFIX, make_checkpoint, transformers_mean, transformers_top_masked
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,29 +42,16 @@ def test_fill_mask_equals_transformers(family, checkpoints):
     directory = checkpoints[family]
     text = f"Paris is the {MASK[family]} of France."
     ours = fill_mask(directory, [text], top_k=5)[0][0]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    model = transformers.AutoModelForMaskedLM.from_pretrained(directory).eval()
-    inputs = tokenizer([text], return_tensors="pt")
-    with torch.no_grad():
-        logits = model(**inputs).logits[0]
-    position = int((inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero())
-    probs = logits[position].softmax(-1)
-    top = probs.topk(5)
-    assert [c.token_id for c in ours] == top.indices.tolist()
-    assert max(abs(c.score - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
+    ids, scores = transformers_top_masked(directory, text)
+    assert [c.token_id for c in ours] == ids
+    assert max(abs(c.score - p) for c, p in zip(ours, scores)) <= 1e-6
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_embed_equals_transformers_mean_pooling(family, checkpoints):
     directory = checkpoints[family]
     ours = torch.as_tensor(embed(directory, TEXTS, pooling="mean", normalize=False))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    model = transformers.AutoModel.from_pretrained(directory).eval()
-    inputs = tokenizer(TEXTS, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**inputs).last_hidden_state
-    mask = inputs["attention_mask"].unsqueeze(-1).float()
-    theirs = (hidden * mask).sum(1) / mask.sum(1)
+    theirs = transformers_mean(directory, TEXTS)
     assert float((ours - theirs).abs().max()) <= 1e-5
 
 

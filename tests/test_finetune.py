@@ -19,17 +19,10 @@ from bertkit.data.tokenizer import BertTokenizer
 from bertkit.inference.jobs import predict_file
 from bertkit.train import finetune as ft
 
-from pretrain_fixtures import tiny_pretrained
+from finetune_fixtures import FILLER, NEG, POS, sentiment_rows, write_jsonl
+from pretrain_fixtures import one_thread, tiny_pretrained  # noqa: F401
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine the threads'
-    spinning makes each step tens of times slower; one thread keeps these tests fast anywhere."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # fp32: results must not depend on which precision this machine's probe finds faster.
@@ -41,26 +34,6 @@ FAST = dict(lr=2e-3, batch_size=16, max_length=32, progress=False, warmup_ratio=
 def base_dir(tmp_path_factory, minilm_dir):
     """A tiny randomly initialised pre-training checkpoint with the MiniLM tokenizer."""
     return tiny_pretrained(tmp_path_factory.mktemp("base"), minilm_dir)
-
-
-POS, NEG = ["great", "good", "excellent", "nice"], ["bad", "awful", "terrible", "poor"]
-FILLER = ["the", "movie", "was", "very", "a", "film", "plot", "and"]
-
-
-def sentiment_rows(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        positive = rng.random() < 0.5
-        words = [rng.choice(POS if positive else NEG)] + rng.choices(FILLER, k=5)
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), "label": "pos" if positive else "neg"})
-    return rows
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def epochs_of(out_dir):

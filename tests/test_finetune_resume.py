@@ -4,7 +4,6 @@ an uninterrupted run's per-step losses bit for bit (CPU, one thread, fixed seed,
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -17,28 +16,13 @@ from bertkit.train import finetune as ft
 from bertkit.train import state
 from bertkit.train.finetune import loop
 
+from finetune_fixtures import sentiment_file
 from pretrain_fixtures import cli_command, cli_env, one_thread, run_cli  # noqa: F401
 from sigkill import kill_when
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EPOCHS, ROWS, BATCH, SAVE_EVERY = 3, 160, 8, 7  # 20 steps an epoch, 60 in all
-POS, NEG = ["great", "good", "excellent", "nice"], ["bad", "awful", "terrible", "poor"]
-FILLER = ["the", "movie", "was", "very", "a", "film", "plot", "and"]
-
-
-def sentiment_file(path: Path, n: int, seed: int) -> Path:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        positive = rng.random() < 0.5
-        words = [rng.choice(POS if positive else NEG)] + rng.choices(FILLER, k=5)
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), "label": "pos" if positive else "neg"})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, minilm_dir) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("finetune-resume")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertkit.inference.files import Record, RecordReport, read_records, run_file
+from bertkit.inference.files import Record, RecordReport, RunFileConfig, read_records, run_file
 
 from sigkill import kill_when
 
@@ -407,3 +407,12 @@ def test_torchrun_resumes_each_rank_after_a_kill(tmp_path, hundred_rows):
 
 if __name__ == "__main__":
     main()
+
+
+def test_config_resolves_the_kind_and_names_a_bad_setting(tmp_path):
+    assert RunFileConfig(input_path=tmp_path / "in.txt", out_path=tmp_path / "v.npy").kind == "npy"
+    assert RunFileConfig(input_path=tmp_path / "in.txt", out_path=tmp_path / "r.JSONL").kind == "jsonl"
+    with pytest.raises(ValueError, match=r"cannot tell the output kind of .*out\.csv"):
+        RunFileConfig(input_path=tmp_path / "in.txt", out_path=tmp_path / "out.csv")
+    with pytest.raises(ValueError, match="chunk_size must be positive, got 0"):
+        RunFileConfig(input_path=tmp_path / "in.txt", out_path=tmp_path / "v.npy", chunk_size=0)

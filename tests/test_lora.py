@@ -9,7 +9,6 @@ uninterrupted run's per-step losses.
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from bertkit.train import finetune as ft
 from bertkit.train import lora
 from bertkit.train import state as train_state
 
+from finetune_fixtures import sentiment_file
 from pretrain_fixtures import one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,22 +165,6 @@ def test_adapters_load_in_peft_with_the_same_logits(tmp_path, targets):
 # ---------------------------------------------------------------------------------------------
 # Through `finetune`
 # ---------------------------------------------------------------------------------------------
-POS, NEG = ["great", "good", "excellent", "nice"], ["bad", "awful", "terrible", "poor"]
-FILLER = ["the", "movie", "was", "very", "a", "film", "plot", "and"]
-
-
-def sentiment_file(path, n: int, seed: int):
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        positive = rng.random() < 0.5
-        words = [rng.choice(POS if positive else NEG)] + rng.choices(FILLER, k=5)
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), "label": "pos" if positive else "neg"})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, minilm_dir):
     root = tmp_path_factory.mktemp("lora")

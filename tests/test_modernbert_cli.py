@@ -13,6 +13,7 @@ import torch
 from bertkit.cli import main
 from bertkit.inference import Engine, classify, embed, fill_mask, ner, qa, rerank
 
+from family_fixtures import transformers_mean, transformers_top_masked
 from modern_fixtures import make_modernbert
 
 transformers = pytest.importorskip("transformers")
@@ -26,16 +27,6 @@ def mlm_dir(tmp_path_factory):
     return make_modernbert(tmp_path_factory.mktemp("modern") / "mlm")
 
 
-def hf_mean(directory, texts):
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    model = transformers.AutoModel.from_pretrained(directory).eval()
-    inputs = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**inputs).last_hidden_state
-    mask = inputs["attention_mask"].unsqueeze(-1).float()
-    return (hidden * mask).sum(1) / mask.sum(1)
-
-
 def test_info_counts_parameters_as_transformers(mlm_dir, capsys):
     assert main(["info", str(mlm_dir)]) == 0
     out = capsys.readouterr().out
@@ -47,20 +38,14 @@ def test_info_counts_parameters_as_transformers(mlm_dir, capsys):
 def test_fill_mask_equals_transformers(mlm_dir):
     text = "Paris is the [MASK] of France."
     ours = fill_mask(mlm_dir, [text], top_k=5)[0][0]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(mlm_dir)
-    model = transformers.AutoModelForMaskedLM.from_pretrained(mlm_dir).eval()
-    inputs = tokenizer([text], return_tensors="pt")
-    with torch.no_grad():
-        logits = model(**inputs).logits[0]
-    position = int((inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero())
-    top = logits[position].softmax(-1).topk(5)
-    assert [c.token_id for c in ours] == top.indices.tolist()
-    assert max(abs(c.score - p) for c, p in zip(ours, top.values.tolist())) <= 1e-6
+    ids, scores = transformers_top_masked(mlm_dir, text)
+    assert [c.token_id for c in ours] == ids
+    assert max(abs(c.score - p) for c, p in zip(ours, scores)) <= 1e-6
 
 
 def test_embed_equals_transformers_and_sentence_transformers(mlm_dir, tmp_path):
     ours = embed(mlm_dir, TEXTS, pooling="mean", normalize=False)
-    assert float((ours - hf_mean(mlm_dir, TEXTS)).abs().max()) <= TOL
+    assert float((ours - transformers_mean(mlm_dir, TEXTS)).abs().max()) <= TOL
     pytest.importorskip("sentence_transformers")
     from sentence_transformers import SentenceTransformer, models
 
@@ -248,7 +233,7 @@ def test_the_python_front_door_takes_modernbert(mlm_dir):
 
     model = bertkit.load(mlm_dir)
     assert model.use == "fill-mask"
-    np.testing.assert_allclose(model.encode(TEXTS), hf_mean(mlm_dir, TEXTS).numpy(), atol=TOL)
+    np.testing.assert_allclose(model.encode(TEXTS), transformers_mean(mlm_dir, TEXTS).numpy(), atol=TOL)
     masked = f"Paris is the {model.tokenizer.special_tokens['mask_token']} of France."
     want = fill_mask(mlm_dir, [masked], top_k=3)[0]
     assert [[c["token_id"] for c in m] for m in model.fill_mask(masked, top_k=3)] == [[c.token_id for c in m]

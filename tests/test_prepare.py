@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from bertkit import cli
 from bertkit.data.corpus import Corpus, load_corpus
-from bertkit.data.prepare import prepare
+from bertkit.data.prepare import PrepareConfig, prepare, run_prepare
 from bertkit.data.shards import PretrainingBatches, PretrainingData
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.data.vocab import train_tokenizer
@@ -299,3 +300,16 @@ def test_paragraph_files_are_not_held_out_whole(tmp_path, minilm_dir):
     # Ordinary documents, small against the held-out share, are held out whole as before.
     assert prepare(sources, minilm_dir, tmp_path / "lines", max_seq_len=64, eval_fraction=0.05,
                    seed=3, progress=False).sections is None
+
+
+def test_config_is_checked_before_any_work_and_runs_as_the_keywords(corpus_file, minilm_dir, tmp_path):
+    with pytest.raises(ValueError, match="eval_fraction 1.5 must be in"):
+        PrepareConfig(corpus=corpus_file, tokenizer_dir=minilm_dir, out_dir=tmp_path / "bad", eval_fraction=1.5)
+    assert not (tmp_path / "bad").exists()
+    config = PrepareConfig(corpus=corpus_file, tokenizer_dir=minilm_dir, out_dir=tmp_path / "c", nsp=False,
+                           max_seq_len=32, progress=False)
+    assert (config.objective, config.nsp) == ("mlm", False)  # resolved once, as the run records it
+    run_prepare(config)
+    prepare(corpus_file, minilm_dir, tmp_path / "k", nsp=False, max_seq_len=32, progress=False)
+    meta = [json.loads((tmp_path / d / "meta.json").read_text()) for d in ("c", "k")]
+    assert meta[0]["settings"] == meta[1]["settings"] == config.shard_settings()

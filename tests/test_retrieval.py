@@ -9,21 +9,15 @@ import tracemalloc
 
 import numpy as np
 import pytest
-import torch
 
 from bertkit.retrieval import metrics
-from bertkit.retrieval.index import VECTORS_FILE, build_index, open_index
+from bertkit.retrieval.index import VECTORS_FILE, IndexConfig, build_index, open_index
 from bertkit.retrieval.search import Searcher, search, top_k_inner_product
 
+from pretrain_fixtures import one_thread  # noqa: F401
 from retrieval_fixtures import sentences, tiny_cross_encoder, tiny_encoder, write_corpus
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,3 +278,11 @@ def test_cli_index_and_search(tmp_path, models, capsys):
     assert "fused at weight 0.5" in capsys.readouterr().out
     assert cli.main(["search", str(tmp_path / "ix"), "cat", "--model", str(models["other"])]) == 2
     assert "another space" in capsys.readouterr().err
+
+
+def test_index_config_names_a_bad_setting_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="resume and overwrite exclude each other"):
+        IndexConfig(corpus=tmp_path / "c.jsonl", model="m", out_dir=tmp_path / "ix", resume=True, overwrite=True)
+    with pytest.raises(ValueError, match="--passage-overlap -1 must be 0 or more"):
+        build_index(tmp_path / "c.jsonl", "m", tmp_path / "ix", passage_overlap=-1)
+    assert not (tmp_path / "ix").exists()

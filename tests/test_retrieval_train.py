@@ -14,15 +14,10 @@ import torch
 
 from bertkit.train import retrieval as rt
 
+from pretrain_fixtures import one_thread  # noqa: F401
 from retrieval_fixtures import sentences, tiny_encoder
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_bad_rows_are_named_and_skipped(tmp_path, caplog):

@@ -5,7 +5,6 @@ admin routes fuzzed from the OpenAPI document against a temporary adapter root."
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from bertkit.serve.adapters import ServedAdapters, parse_adapter_args
 
 from adapter_fixtures import make_adapter
 from model_fixtures import save_tiny
-from web_fixtures import running_app
+from web_fixtures import hold_runs, running_app
 
 WAIT = 20.0
 KEY = {"Authorization": "Bearer s3cret"}
@@ -98,15 +97,7 @@ def test_requests_for_several_adapters_share_one_run(root, monkeypatch):
     _, _, made = root
     service = make_service(root)
     base_engine = service.models["base"].engine
-    opened, entered = threading.Event(), threading.Event()
-    real = base_engine.run
-
-    def held(*args, **kwargs):
-        entered.set()
-        assert opened.wait(WAIT)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(base_engine, "run", held)
+    opened, entered = hold_runs(monkeypatch, base_engine, WAIT)
     with client_for(service) as client, ThreadPoolExecutor(4) as pool:
         first = pool.submit(client.post, "/embed", json={"inputs": "hold the model thread", "model": "base"})
         assert entered.wait(WAIT)
@@ -150,16 +141,7 @@ def test_load_and_drop_at_run_time_inside_the_root_only(root, tmp_path, monkeypa
         taken = client.post("/adapters", json={"name": "base", "path": "topics/adapter"})
         assert taken.status_code == 422 and "is taken" in taken.json()["error"]
         # a drop waits for the requests queued for the adapter, then refuses new ones by name
-        opened, entered = threading.Event(), threading.Event()
-        base_engine = service.models["base"].engine
-        real = base_engine.run
-
-        def held(*args, **kwargs):
-            entered.set()
-            assert opened.wait(WAIT)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(base_engine, "run", held)
+        opened, entered = hold_runs(monkeypatch, service.models["base"].engine, WAIT)
         with ThreadPoolExecutor(3) as pool:
             hold = pool.submit(client.post, "/embed", json={"inputs": "hold", "model": "base"})
             assert entered.wait(WAIT)

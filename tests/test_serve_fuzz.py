@@ -16,8 +16,6 @@ import httpx
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402  (after the skip: a test dependency)
-from schemathesis import GenerationMode  # noqa: E402
 
 from bertkit.data.tokenizer import BertTokenizer  # noqa: E402
 from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
@@ -26,7 +24,7 @@ from bertkit.serve import Limits, Service, build_app, load_model  # noqa: E402
 from bertkit.serve.app import ROUTES  # noqa: E402
 
 from model_fixtures import save_tiny  # noqa: E402
-from web_fixtures import running_app  # noqa: E402
+from web_fixtures import fuzz_operation, running_app  # noqa: E402
 
 WAIT = 20.0
 FUZZ_EXAMPLES = int(os.environ.get("BERTKIT_FUZZ_EXAMPLES", "10"))
@@ -110,19 +108,8 @@ def steer(case, path: str, mode: str) -> None:
 
 def fuzz(api_schema, method: str, path: str, mode: str, examples: int, statuses: Counter) -> None:
     """`examples` generated requests (`mode`: positive or negative) to one operation, each checked."""
-    operation = api_schema[path][method]
-    checks = [getattr(schemathesis.checks, c) for c in CHECKS]
-
-    @given(case=operation.as_strategy(generation_mode=GenerationMode(mode)))
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-    def run(case) -> None:
-        steer(case, path, mode)
-        response = case.call(timeout=WAIT)
-        statuses[response.status_code] += 1
-        case.validate_response(response, checks=checks)
-
-    run()
+    fuzz_operation(api_schema, method, path, mode, examples=examples, checks=CHECKS,
+                   steer=lambda case: steer(case, path, mode), statuses=statuses, wait=WAIT)
 
 
 @pytest.mark.parametrize("mode", ["positive", "negative"])

@@ -5,7 +5,6 @@ index whose model is not served gets its own; bad requests are 4xx naming the fi
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +20,7 @@ from bertkit.serve.search import load_indexes, parse_index_args
 
 from model_fixtures import save_tiny
 from retrieval_fixtures import tiny_encoder, write_corpus
-from web_fixtures import running_app
+from web_fixtures import hold_runs, running_app
 
 WAIT = 20.0
 DOCS = ["The central bank raised interest rates by a quarter of a point on Tuesday. Markets had expected it. "
@@ -139,15 +138,7 @@ def test_search_queries_share_model_runs_with_embed_requests(setup, monkeypatch)
     engine = setup["models"]["minilm"].engine
     client = setup["client"]
     scheduler = setup["service"].scheduler
-    opened, entered = threading.Event(), threading.Event()
-    real = engine.run
-
-    def held(*args, **kwargs):
-        entered.set()
-        assert opened.wait(WAIT)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "run", held)
+    opened, entered = hold_runs(monkeypatch, engine, WAIT)
     try:
         with ThreadPoolExecutor(3) as pool:
             first = pool.submit(client.post, "/embed", json={"inputs": "hold the thread"})

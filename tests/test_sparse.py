@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.inference.sparse import SpladePooling, decode, embed_sparse, sparse_engine, to_sparse_tensor
+from bertkit.encoder.sentence_transformers import SpladePooling
+from bertkit.inference.sparse import decode, embed_sparse, sparse_engine, to_sparse_tensor
 
 from retrieval_fixtures import VOCAB, sentences, tiny_encoder, tiny_mlm
 

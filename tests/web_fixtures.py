@@ -36,3 +36,44 @@ def running_app(app, wait: float = 20.0) -> Iterator[str]:
         thread.join(wait)
         sock.close()
         assert not thread.is_alive(), "the server did not stop"
+
+
+def fuzz_operation(schema, method: str, path: str, mode: str, *, examples: int, checks: tuple[str, ...],
+                   steer, statuses, wait: float) -> None:
+    """`examples` requests schemathesis generates for one operation of an OpenAPI `schema` (`mode`:
+    "positive", valid ones, or "negative", ones the document forbids), each passed to `steer(case)`
+    to reach the model, sent, counted by status in `statuses` (a Counter) and held to `checks`
+    (names in `schemathesis.checks`). Derandomized: the same requests every run."""
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis import GenerationMode
+
+    operation = schema[path][method]
+    check_functions = [getattr(schemathesis.checks, c) for c in checks]
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode(mode)))
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    def run(case) -> None:
+        steer(case)
+        response = case.call(timeout=wait)
+        statuses[response.status_code] += 1
+        case.validate_response(response, checks=check_functions)
+
+    run()
+
+
+def hold_runs(monkeypatch, engine, wait: float) -> tuple[threading.Event, threading.Event]:
+    """Patch `engine.run` so that a run sets `entered`, then waits (at most `wait` seconds) until
+    the test sets `opened`: the model thread held inside a run while requests queue behind it.
+    Returns (opened, entered)."""
+    opened, entered = threading.Event(), threading.Event()
+    real = engine.run
+
+    def held(*args, **kwargs):
+        entered.set()
+        assert opened.wait(wait)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run", held)
+    return opened, entered

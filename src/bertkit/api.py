@@ -33,8 +33,9 @@ import torch
 from bertkit import inference
 from bertkit.encoder import tasks
 from bertkit.encoder.config import BertConfig
+from bertkit.encoder.sentence_transformers import sentence_transformers_settings
 from bertkit.inference.common import as_texts
-from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
+from bertkit.inference.embed import resolve_prompt
 from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
 from bertkit.util.fileio import model_directory
 

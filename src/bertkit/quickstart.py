@@ -293,7 +293,7 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
     """
     from bertkit.backend.precision import resolve_precision
     from bertkit.data.corpus import Corpus, as_corpus
-    from bertkit.data.prepare import prepare
+    from bertkit.data.prepare import PrepareConfig, run_prepare
     from bertkit.data.shards import PretrainingData
     from bertkit.data.tokenizer import BertTokenizer
     from bertkit.data.vocab import train_tokenizer
@@ -328,9 +328,10 @@ def quickstart(config: QuickstartConfig, log: Callable[[str], None] = print) -> 
 
         stage("3/5 pre-training instances "
               + ("(sentence pairs for MLM + NSP)" if config.nsp else "(packed sentences for MLM)"))
-        stats = prepare(corpus, tokenizer_dir, data_dir, max_seq_len=config.max_seq_len,
-                        nsp=config.nsp, eval_fraction=config.eval_fraction, seed=config.seed,
-                        progress=config.progress)
+        stats = run_prepare(PrepareConfig(corpus=corpus, tokenizer_dir=tokenizer_dir, out_dir=data_dir,
+                                          max_seq_len=config.max_seq_len, nsp=config.nsp,
+                                          eval_fraction=config.eval_fraction, seed=config.seed,
+                                          progress=config.progress))
         log(stats.summary())
     else:
         stage(f"1-3/5 reusing the vocabulary and data of the earlier demo in {out}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from bertkit.constants import ENGINE_PRECISIONS, TRAINING_PRECISIONS
 
@@ -42,6 +43,21 @@ def add_training_engine_arguments(p: argparse.ArgumentParser | argparse._Argumen
     p.add_argument("--precision", choices=TRAINING_PRECISIONS,
                    help="auto = bf16 on CUDA; on CPU the faster of fp32 / bf16, measured here"
                    if explain_precision else None)
+
+
+def add_run_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, resume: str,
+                      overwrite: str) -> None:
+    """--resume, --overwrite and --no-progress of a command that writes a run or a file; the help
+    of the first two says what they do to that command's output."""
+    p.add_argument("--resume", action="store_true", help=resume)
+    p.add_argument("--overwrite", action="store_true", help=overwrite)
+    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+
+
+def config_settings(args: argparse.Namespace, *leave_out: str) -> dict[str, Any]:
+    """The parsed options as a config class's keyword arguments: all but the subcommand's own
+    (command, func) and `leave_out`."""
+    return {k: v for k, v in vars(args).items() if k not in ("command", "func", *leave_out)}
 
 
 def print_json(rows) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bertkit.cli.common import add_training_engine_arguments
+from bertkit.cli.common import add_run_arguments, add_training_engine_arguments, config_settings
 from bertkit.constants import DISTILL_TASKS
 
 
@@ -46,9 +46,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-every", type=int, help="steps per metrics.jsonl line (10)")
     p.add_argument("--save-every", type=int, help="steps between checkpoints (200; also at the end)")
     add_training_engine_arguments(p)
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
-    p.add_argument("--resume", action="store_true", help="continue OUT from its latest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace the results in an existing OUT")
+    add_run_arguments(p, resume="continue OUT from its latest checkpoint",
+                      overwrite="replace the results in an existing OUT")
     p.set_defaults(func=_run_distill)
 
 
@@ -58,7 +57,7 @@ def _run_distill(args: argparse.Namespace) -> None:
     from bertkit.train.distill import DistillConfig, distill
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = DistillConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")})
+    config = DistillConfig(**config_settings(args))
     summary = distill(config)
     line = (f"student saved in {summary['model']} ({len(summary['layers'])} of "
             f"{summary['teacher_layers']} layers)")

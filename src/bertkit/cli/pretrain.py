@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from bertkit.cli.common import add_training_engine_arguments
+from bertkit.cli.common import add_run_arguments, add_training_engine_arguments, config_settings
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -94,16 +94,17 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> None:
-    from bertkit.data.prepare import prepare
+    from bertkit.data.prepare import PrepareConfig, run_prepare
 
-    stats = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len,
-                    nsp=args.nsp, objective=args.objective, short_seq_prob=args.short_seq_prob,
-                    whole_word_mask=args.whole_word_mask, static_masking=args.static_masking,
-                    dupe_factor=args.dupe_factor, mlm_probability=args.mlm_probability,
-                    max_predictions_per_seq=args.max_predictions_per_seq,
-                    eval_fraction=args.eval_fraction, seed=args.seed, workers=args.workers,
-                    overwrite=args.overwrite, corpus_format=args.format,
-                    text_field=args.text_field)
+    config = PrepareConfig(corpus=args.corpus, tokenizer_dir=args.tokenizer, out_dir=args.out,
+                           max_seq_len=args.max_seq_len, nsp=args.nsp, objective=args.objective,
+                           short_seq_prob=args.short_seq_prob, whole_word_mask=args.whole_word_mask,
+                           static_masking=args.static_masking, dupe_factor=args.dupe_factor,
+                           mlm_probability=args.mlm_probability,
+                           max_predictions_per_seq=args.max_predictions_per_seq,
+                           eval_fraction=args.eval_fraction, seed=args.seed, workers=args.workers,
+                           overwrite=args.overwrite, corpus_format=args.format, text_field=args.text_field)
+    stats = run_prepare(config)
     print(stats.summary())
 
 
@@ -175,9 +176,8 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-bad-steps", type=int, help="non-finite steps in a row before stopping (10)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="stop cleanly with a checkpoint after this much training; --resume continues")
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
-    p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start over in an existing RUN_DIR")
+    add_run_arguments(p, resume="continue RUN_DIR from its last checkpoint",
+                      overwrite="start over in an existing RUN_DIR")
     p.set_defaults(func=_run_pretrain)
 
 
@@ -187,7 +187,7 @@ def _run_pretrain(args: argparse.Namespace) -> None:
     from bertkit.train.pretrain import Interrupted, PretrainConfig, TrainingDiverged, pretrain
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "model_args")}
+    settings = config_settings(args, "model_args")
     overrides = {}
     for item in getattr(args, "model_args", None) or []:
         key, sep, value = item.partition("=")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_json
+from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_json
 from bertkit.constants import POOLINGS
 
 
@@ -62,9 +62,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                    "index for search --sparse); without CORPUS, add or replace the sparse side of the index at --out")
     g.add_argument("--sparse-top-k", type=int, default=None,
                    help="keep each passage's K largest sparse weights (default: all non-zero)")
-    p.add_argument("--resume", action="store_true", help="continue a killed build")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing index")
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    add_run_arguments(p, resume="continue a killed build", overwrite="replace an existing index")
     add_engine_arguments(p, max_batch_tokens_help=BATCH_TOKENS_HELP,
                          max_length_help="pieces per encoded sequence (the model's limit)")
     p.set_defaults(func=_run_index)
@@ -77,7 +75,7 @@ def _backend_params(args: argparse.Namespace) -> dict:
 
 
 def _run_index(args: argparse.Namespace) -> None:
-    from bertkit.retrieval import build_index
+    from bertkit.retrieval.index import IndexConfig, run_build_index
 
     if args.upsert or args.delete:
         return _run_update(args)
@@ -85,15 +83,15 @@ def _run_index(args: argparse.Namespace) -> None:
         return _run_sparse_side(args)
     if args.corpus is None or args.model is None:
         raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
-    summary = build_index(args.corpus, args.model, args.out, resume=args.resume,
-                          overwrite=args.overwrite, progress=args.progress,
-                          text_field=args.text_field, id_field=args.id_field, pooling=args.pooling,
-                          passage_tokens=args.passage_tokens, passage_overlap=args.passage_overlap,
-                          late_chunking=args.late_chunking, backend=args.backend,
-                          backend_params=_backend_params(args), bm25=args.bm25,
-                          precision=args.precision, max_batch_tokens=args.max_batch_tokens,
-                          device=args.device,
-                          **({"max_length": args.max_length} if args.max_length else {}))
+    engine_options = {"precision": args.precision, "max_batch_tokens": args.max_batch_tokens,
+                      "device": args.device, **({"max_length": args.max_length} if args.max_length else {})}
+    config = IndexConfig(corpus=args.corpus, model=args.model, out_dir=args.out, resume=args.resume,
+                         overwrite=args.overwrite, progress=args.progress, text_field=args.text_field,
+                         id_field=args.id_field, pooling=args.pooling, passage_tokens=args.passage_tokens,
+                         passage_overlap=args.passage_overlap, late_chunking=args.late_chunking,
+                         backend=args.backend, backend_params=_backend_params(args), bm25=args.bm25,
+                         engine_options=engine_options)
+    summary = run_build_index(config)
     truncated = f", {summary['truncated']} truncated" if summary["truncated"] else ""
     print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
           f"{summary['skipped']} rows skipped{truncated}; backend {summary['backend']}) into "

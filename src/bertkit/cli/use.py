@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, print_file_job, print_json
+from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_file_job, print_json
 from bertkit.constants import POOLINGS
 
 # What --input-format names (records.FORMATS but squad, which only predict reads); kept here so
@@ -40,9 +40,7 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
     p.add_argument("--input-format", choices=INPUT_FORMATS, default="auto",
                    help="the --input file's format (default: by its suffix)")
     p.add_argument("--text-field", default="text", help="jsonl key / csv column of the text (text)")
-    p.add_argument("--resume", action="store_true", help="continue a killed --input run")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    add_run_arguments(p, resume="continue a killed --input run", overwrite="replace an existing --out")
     add_engine_arguments(p, explain_precision=True, max_batch_tokens_help=BATCH_TOKENS_HELP,
                          max_length_help="tokens per input (default: the model's limit)", truncate=True)
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
@@ -144,8 +142,9 @@ def _run_embed(args: argparse.Namespace) -> None:
         return _run_embed_sparse(args)
     if args.top_k is not None:
         raise ValueError("--top-k goes with --sparse (dense embeddings keep every dimension; see --truncate-dim)")
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
     from bertkit.inference import embed
-    from bertkit.inference.embed import resolve_pooling, resolve_prompt, sentence_transformers_settings
+    from bertkit.inference.embed import resolve_pooling, resolve_prompt
 
     settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
@@ -170,7 +169,8 @@ def _run_embed(args: argparse.Namespace) -> None:
 
 def _run_embed_sparse(args: argparse.Namespace) -> None:
     """`embed --sparse`: each text's top terms, or a file job of {"indices", "values"} rows."""
-    from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
+    from bertkit.inference.embed import resolve_prompt
     from bertkit.inference.sparse import decode, embed_sparse, sparse_engine
 
     dense_only = [flag for flag, given in (("--pooling", args.pooling), ("--no-normalize", args.normalize is False),

@@ -33,6 +33,7 @@ from typing import Iterable, Iterator, Sequence
 
 from bertkit.data import builtin
 from bertkit.data.report import MAX_MESSAGES, DataReport, json_lines, plural
+from bertkit.data.rows import decoded_lines
 from bertkit.util.text import split_sentences
 
 FORMATS = ("auto", "lines", "paragraphs", "jsonl")
@@ -285,23 +286,17 @@ def _read_file(path: Path, fmt: str, stats: CorpusStats, *, text_field: str, spl
 
 def _text_lines(path: Path, stats: CorpusStats, max_line_chars: int) -> Iterator[tuple[int, str]]:
     """(line number, text) of a file, decoding line by line so one bad line costs only itself."""
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, 1):
-            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
-                raw = raw[3:]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                stats.skip(f"{path}:{line_no}", "non-UTF-8 line",
-                           f"byte 0x{raw[err.start]:02x} at column {err.start + 1}; re-encode "
-                           "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
-                continue
-            line = line.rstrip("\r\n")
-            if len(line) > max_line_chars:
-                stats.skip(f"{path}:{line_no}", "line too long",
-                           f"{len(line)} characters > {max_line_chars}")
-                continue
-            yield line_no, line
+    for line_no, line, bad in decoded_lines(path):
+        if line is None:
+            stats.skip(f"{path}:{line_no}", "non-UTF-8 line",
+                       f"{bad}; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+            continue
+        line = line.rstrip("\r\n")
+        if len(line) > max_line_chars:
+            stats.skip(f"{path}:{line_no}", "line too long",
+                       f"{len(line)} characters > {max_line_chars}")
+            continue
+        yield line_no, line
 
 
 def _jsonl_documents(path: Path, lines: Iterable[tuple[int, str]], stats: CorpusStats,

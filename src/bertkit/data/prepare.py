@@ -95,83 +95,138 @@ class PrepareStats:
         return "\n".join(lines)
 
 
+@dataclass
+class PrepareConfig:
+    """Every setting of `prepare`; the ones that shape the shards are written to
+    DATA_DIR/meta.json under "settings" (`shard_settings`)."""
+
+    # A `Corpus`, or source(s) for `load_corpus`: files, directories, globs, builtin:NAME.
+    corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike]
+    tokenizer_dir: str | os.PathLike  # the vocabulary the model will have (copied to DATA_DIR/tokenizer)
+    out_dir: str | os.PathLike  # DATA_DIR: shards, tokenizer, meta.json
+    max_seq_len: int = 128  # BERT's first phase (90% of its steps) ran at 128, the last 10% at 512
+    nsp: bool = True  # BERT's sentence pairs with NSP labels; False packs full sentences (RoBERTa)
+    # Decides instead of nsp when given: "mlm+nsp", "mlm" (packed) or "mlm+sop" (ALBERT's
+    # sentence-order pairs, labels stored where NSP's are). Resolved on construction.
+    objective: str | None = None
+    # Share of pairs whose target length is drawn shorter, so that the model also sees the short
+    # sequences of fine-tuning (create_pretraining_data.py's 0.1).
+    short_seq_prob: float = 0.1
+    whole_word_mask: bool = False  # WordPiece words (jieba words for Chinese) masked as a whole
+    # Fix the masks here rather than drawing new ones each epoch (BERT's original recipe); off, as
+    # RoBERTa found dynamic masking at least as good.
+    static_masking: bool = False
+    dupe_factor: int = 1  # passes over the corpus, each with its own random pairs (and static masks)
+    mlm_probability: float = 0.15  # static masking only: the BERT paper's share of tokens
+    max_predictions_per_seq: int | None = None  # static masking only; None = round(max_seq_len × mlm_probability)
+    # Documents held out as the "eval" split (at least one when > 0): enough to watch the held-out
+    # loss, little enough to leave the training data almost whole.
+    eval_fraction: float = 0.01
+    seed: int = 12345  # create_pretraining_data.py's default random seed
+    workers: int = 1  # processes for Chinese word segmentation; tokenization uses the tokenizer's threads
+    shard_size: int = DEFAULT_SHARD_SIZE  # instances per shard (the data.shards format)
+    overwrite: bool = False  # replace prepared data in out_dir (only our own files there)
+    corpus_format: str = "auto"  # load_corpus' format: by each file's suffix
+    text_field: str = "text"  # the text column of JSON Lines / parquet rows
+    progress: bool = True  # a tqdm bar of tokens while tokenizing
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Resolve objective and nsp; raise ValueError naming a bad value and the fix."""
+        if self.objective is None:
+            self.objective = "mlm+nsp" if self.nsp else "mlm"
+        elif not self.nsp and self.objective != "mlm":
+            raise ValueError(f"--no-nsp (packed sentences) contradicts objective {self.objective}; "
+                             "pass one of them")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        self.nsp = self.objective != "mlm"  # sentence-pair labels present (NSP or SOP)
+        if self.max_seq_len < 8:
+            raise ValueError(f"max_seq_len {self.max_seq_len} is too short for pre-training; use at "
+                             "least 8 (BERT: 128, then 512)")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ValueError(f"short_seq_prob {self.short_seq_prob} must be in [0, 1] (BERT: 0.1)")
+        if self.dupe_factor < 1:
+            raise ValueError(f"dupe_factor {self.dupe_factor} must be at least 1")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"mlm_probability {self.mlm_probability} must be between 0 and 1 (BERT: 0.15)")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
+            raise ValueError(f"max_predictions_per_seq {self.max_predictions_per_seq} must be at least 1")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction {self.eval_fraction} must be in [0, 1) (e.g. 0.01)")
+        if self.workers < 1:
+            raise ValueError(f"workers {self.workers} must be at least 1")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size {self.shard_size} must be at least 1")
+
+    def shard_settings(self) -> dict[str, Any]:
+        """The settings that decide the shards' content, as meta.json records them."""
+        return {"max_seq_len": self.max_seq_len, "nsp": self.nsp, "objective": self.objective,
+                "short_seq_prob": self.short_seq_prob, "whole_word_mask": self.whole_word_mask,
+                "static_masking": self.static_masking, "dupe_factor": self.dupe_factor,
+                "mlm_probability": self.mlm_probability,
+                "max_predictions_per_seq": self.max_predictions_per_seq,
+                "eval_fraction": self.eval_fraction, "seed": self.seed}
+
+
 def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
-            tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-            max_seq_len: int = 128, nsp: bool = True, objective: str | None = None,
-            short_seq_prob: float = 0.1,
-            whole_word_mask: bool = False, static_masking: bool = False, dupe_factor: int = 1,
-            mlm_probability: float = 0.15, max_predictions_per_seq: int | None = None,
-            eval_fraction: float = 0.01, seed: int = 12345, workers: int = 1,
-            shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False,
-            corpus_format: str = "auto", text_field: str = "text",
-            progress: bool = True) -> PrepareStats:
+            tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike, **settings: Any) -> PrepareStats:
+    """`run_prepare` of a `PrepareConfig` made of these arguments; settings: any other of its
+    fields (max_seq_len, nsp, objective, static_masking, eval_fraction, seed, overwrite, ...)."""
+    return run_prepare(PrepareConfig(corpus=corpus, tokenizer_dir=tokenizer_dir, out_dir=out_dir, **settings))
+
+
+def run_prepare(config: PrepareConfig) -> PrepareStats:
     """Tokenize a corpus once and write pre-training instances as memory-mapped shards.
 
-    corpus: a `Corpus` or source(s) for `load_corpus` (files, directories, globs, builtin:NAME).
-    nsp=True builds BERT's sentence pairs with NSP labels; False packs full sentences (RoBERTa).
-    objective, when given, decides instead: "mlm+nsp" (nsp=True), "mlm" (nsp=False), or "mlm+sop":
-    ALBERT's sentence-order pairs, labels stored where NSP's are (meta.json "nsp" is then true,
-    "objective" says which).
-    dupe_factor: passes over the corpus, each with its own random pairs (and static masks).
-    static_masking fixes the masks here (mlm_probability, max_predictions_per_seq, default
-    round(max_seq_len × mlm_probability)); otherwise `PretrainingBatches` draws new ones each epoch.
-    whole_word_mask: WordPiece words, and jieba words for Chinese, are masked as a whole.
+    dupe_factor passes each draw their own random pairs (and static masks). static_masking fixes
+    the masks here (mlm_probability, max_predictions_per_seq); otherwise `PretrainingBatches`
+    draws new ones each epoch.
     eval_fraction of the documents (at least one when > 0) is held out as the "eval" split. A
     document of more than that share of the tokens (a whole file in `format="paragraphs"`)
     is first cut at sentence boundaries into sections that each count as a document, so that the
     held-out share of tokens stays near eval_fraction; the summary says so.
-    workers: processes for Chinese word segmentation; tokenization uses the tokenizer's threads.
     Refuses a non-empty out_dir unless overwrite=True (then only our own files there are replaced).
     """
     started = time.perf_counter()
-    if objective is None:
-        objective = "mlm+nsp" if nsp else "mlm"
-    elif not nsp and objective != "mlm":
-        raise ValueError(f"--no-nsp (packed sentences) contradicts objective {objective}; pass one of them")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    nsp = objective != "mlm"  # sentence-pair labels present (NSP or SOP)
-    _check_prepare_args(max_seq_len, short_seq_prob, dupe_factor, mlm_probability,
-                        max_predictions_per_seq, eval_fraction, workers, shard_size)
-    out = Path(out_dir)
-    _check_out_dir(out, overwrite)  # refuse now, before minutes of work, but clear only later
-    tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
+    out = Path(config.out_dir)
+    _check_out_dir(out, config.overwrite)  # refuse now, before minutes of work, but clear only later
+    tokenizer = BertTokenizer.from_pretrained(config.tokenizer_dir)
     seconds: dict[str, float] = {}
 
     tick = time.perf_counter()
-    corpus = as_corpus(corpus, format=corpus_format, text_field=text_field)
+    corpus = as_corpus(config.corpus, format=config.corpus_format, text_field=config.text_field)
     seconds["read"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
-    with _Progress(progress, "tokenizing", "tok") as bar:
-        docs = tokenize_documents(corpus.documents, tokenizer, whole_word_mask=whole_word_mask,
-                                  workers=workers, on_tokens=bar.update)
+    with _Progress(config.progress, "tokenizing", "tok") as bar:
+        docs = tokenize_documents(corpus.documents, tokenizer, whole_word_mask=config.whole_word_mask,
+                                  workers=config.workers, on_tokens=bar.update)
     if docs.num_documents == 0:
         raise ValueError(f"no document of {corpus.stats.summary()} has any token; is the tokenizer "
-                         f"at {tokenizer_dir} meant for this text?")
+                         f"at {config.tokenizer_dir} meant for this text?")
     seconds["tokenize"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
     _clear_out_dir(out)
     token_dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    settings = {"max_seq_len": max_seq_len, "nsp": nsp, "objective": objective, "short_seq_prob": short_seq_prob,
-                "whole_word_mask": whole_word_mask, "static_masking": static_masking,
-                "dupe_factor": dupe_factor, "mlm_probability": mlm_probability,
-                "max_predictions_per_seq": max_predictions_per_seq,
-                "eval_fraction": eval_fraction, "seed": seed}
-    masker = _StaticMasker(tokenizer, settings) if static_masking else None
-    docs, sections = _cut_large_documents(docs, eval_fraction)
-    split_docs = _split_documents(docs.num_documents, eval_fraction, seed)
+    settings = config.shard_settings()
+    masker = _StaticMasker(tokenizer, settings) if config.static_masking else None
+    docs, sections = _cut_large_documents(docs, config.eval_fraction)
+    split_docs = _split_documents(docs.num_documents, config.eval_fraction, config.seed)
     splits_meta: dict[str, Any] = {}
     counts: dict[str, dict[str, int]] = {k: {} for k in ("documents", "sentences", "tokens",
                                                           "instances", "is_next")}
     for split, doc_ids in split_docs.items():
         part = docs.subset(doc_ids)
-        writer = _ShardWriter(out / split, token_dtype, shard_size, masker,
-                              keep_word_starts=whole_word_mask and not static_masking)
-        for dupe in range(dupe_factor):
-            rng = random.Random(_derive_seed(seed, "instances", split, dupe))
-            for instance in _instances(part, objective, max_seq_len, short_seq_prob, rng, tokenizer):
+        writer = _ShardWriter(out / split, token_dtype, config.shard_size, masker,
+                              keep_word_starts=config.whole_word_mask and not config.static_masking)
+        for dupe in range(config.dupe_factor):
+            rng = random.Random(_derive_seed(config.seed, "instances", split, dupe))
+            for instance in _instances(part, config.objective, config.max_seq_len, config.short_seq_prob,
+                                       rng, tokenizer):
                 writer.add(instance)
         splits_meta[split] = writer.close()
         counts["documents"][split] = part.num_documents
@@ -185,12 +240,12 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
     meta = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
-        "nsp": nsp,
-        "objective": objective,
-        "max_seq_len": max_seq_len,
+        "nsp": config.nsp,
+        "objective": config.objective,
+        "max_seq_len": config.max_seq_len,
         "vocab_size": tokenizer.vocab_size,
         "token_dtype": np.dtype(token_dtype).name,
-        "tokenizer": {"fingerprint": tokenizer.fingerprint(), "source": str(tokenizer_dir)},
+        "tokenizer": {"fingerprint": tokenizer.fingerprint(), "source": str(config.tokenizer_dir)},
         "special_token_ids": {"pad": tokenizer.pad_token_id, "unk": tokenizer.unk_token_id,
                               "cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
                               "mask": tokenizer.mask_token_id},
@@ -203,34 +258,12 @@ def prepare(corpus: Corpus | str | os.PathLike | Sequence[str | os.PathLike],
     }
     atomic_write_json(out / "meta.json", meta)  # last: only now does the directory load
     seconds["total"] = time.perf_counter() - started
-    n_nsp = sum(counts["instances"].values()) if nsp else 0
+    n_nsp = sum(counts["instances"].values()) if config.nsp else 0
     return PrepareStats(
         out_dir=out, documents=counts["documents"], sentences=counts["sentences"],
         tokens=counts["tokens"], instances=counts["instances"],
         is_next_fraction=(sum(counts["is_next"].values()) / n_nsp) if n_nsp else None,
-        corpus=corpus.stats.to_dict(), seconds=seconds, sections=sections, objective=objective)
-
-
-def _check_prepare_args(max_seq_len: int, short_seq_prob: float, dupe_factor: int,
-                        mlm_probability: float, max_predictions: int | None, eval_fraction: float,
-                        workers: int, shard_size: int) -> None:
-    if max_seq_len < 8:
-        raise ValueError(f"max_seq_len {max_seq_len} is too short for pre-training; use at least 8 "
-                         "(BERT: 128, then 512)")
-    if not 0.0 <= short_seq_prob <= 1.0:
-        raise ValueError(f"short_seq_prob {short_seq_prob} must be in [0, 1] (BERT: 0.1)")
-    if dupe_factor < 1:
-        raise ValueError(f"dupe_factor {dupe_factor} must be at least 1")
-    if not 0.0 < mlm_probability < 1.0:
-        raise ValueError(f"mlm_probability {mlm_probability} must be between 0 and 1 (BERT: 0.15)")
-    if max_predictions is not None and max_predictions < 1:
-        raise ValueError(f"max_predictions_per_seq {max_predictions} must be at least 1")
-    if not 0.0 <= eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction {eval_fraction} must be in [0, 1) (e.g. 0.01)")
-    if workers < 1:
-        raise ValueError(f"workers {workers} must be at least 1")
-    if shard_size < 1:
-        raise ValueError(f"shard_size {shard_size} must be at least 1")
+        corpus=corpus.stats.to_dict(), seconds=seconds, sections=sections, objective=config.objective)
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:

@@ -69,25 +69,32 @@ def text_lines(path: str | os.PathLike, report: DataReport, *,
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
     path = check_text_file(path)
+    for line_no, text, bad in decoded_lines(path):
+        if text is None:
+            if encoding == "refuse":
+                raise ValueError(f"{path} line {line_no}: not UTF-8 text ({bad}); re-save the file as "
+                                 "UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+            report.skip_problem(f"{path}:{line_no}", "non-UTF-8 line",
+                                f"{bad}; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+            continue
+        if encoding == "refuse" and "\x00" in text:
+            raise ValueError(f"{path} line {line_no}: binary data (a NUL byte), not text; pass a "
+                             "UTF-8 text file")
+        yield line_no, text
+
+
+def decoded_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line number, text with its line ending, None) per line of a file, decoded one line at a
+    time so that a line in another encoding costs only itself: (line number, None, where its first
+    bad byte is) for such a line. A UTF-8 byte-order mark is dropped."""
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
                 raw = raw[3:]
             try:
-                text = raw.decode("utf-8")
+                yield line_no, raw.decode("utf-8"), None
             except UnicodeDecodeError as err:
-                if encoding == "refuse":
-                    raise ValueError(f"{path} line {line_no}: not UTF-8 text (byte 0x{raw[err.start]:02x} "
-                                     f"at column {err.start + 1}); re-save the file as UTF-8 (e.g. "
-                                     "iconv -f latin1 -t utf-8)") from None
-                report.skip_problem(f"{path}:{line_no}", "non-UTF-8 line",
-                                    f"byte 0x{raw[err.start]:02x} at column {err.start + 1}; re-encode "
-                                    "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
-                continue
-            if encoding == "refuse" and "\x00" in text:
-                raise ValueError(f"{path} line {line_no}: binary data (a NUL byte), not text; pass a "
-                                 "UTF-8 text file")
-            yield line_no, text
+                yield line_no, None, f"byte 0x{raw[err.start]:02x} at column {err.start + 1}"
 
 
 def read_rows(path: str | os.PathLike, report: DataReport, *, fmt: str | None = None,

@@ -32,7 +32,7 @@ from bertkit.encoder import modern, tasks
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
-from bertkit.encoder.packing import Packed
+from bertkit.encoder.packing import Packed, mean_pool
 
 
 @dataclass
@@ -123,8 +123,8 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
         """labels: (B,) long class ids; (B,) float targets for regression; (B, K) float multi-label."""
         out = self.bert(input_ids, token_type_ids, attention_mask, first_only=not self.mean_pooling)
         if self.mean_pooling:
-            mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).unsqueeze(-1)  # (B, T, 1)
-            first = (out.last_hidden_state * mask).sum(1) / mask.sum(1)  # (B, H)
+            mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask  # (B, T)
+            first = mean_pool(out.last_hidden_state, mask)  # (B, H)
         else:
             first = out.last_hidden_state[:, 0]  # the head reads [CLS] only
         logits = self.sentence_logits(first, out.pooler_output)  # (B, K)
@@ -145,9 +145,7 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
         out = self.bert.forward_packed(input_ids, token_type_ids, packed, first_only=not self.mean_pooling)
         first = out.hidden  # (B, H), or (N, H) to average
         if self.mean_pooling:
-            lengths = torch.tensor(packed.lengths, device=first.device, dtype=first.dtype)
-            first = first.new_zeros(len(packed.lengths), first.shape[1]).index_add_(
-                0, packed.sequence_index, first) / lengths[:, None]  # (B, H)
+            first = mean_pool(first, packed)  # (B, H)
         logits = self.sentence_logits(first, out.pooler_output)  # (B, K)
         return ClassifierOutput(loss=None, logits=logits)
 

@@ -149,6 +149,22 @@ class Packed:
         return out
 
 
+def mean_pool(hidden: torch.Tensor, layout: "Packed | torch.Tensor") -> torch.Tensor:
+    """Each sequence's mean token state, [CLS] and [SEP] included (as sentence-transformers' mean
+    pooling, whose attention mask covers them) → (B, H) in hidden's dtype.
+
+    layout: the `Packed` of (N, H) packed states, or the (B, T) attention_mask (1 = token) of
+    (B, T, H) padded states. A padded row without any token averages to zeros, not NaN.
+    """
+    if isinstance(layout, Packed):
+        lengths = torch.tensor(layout.lengths, device=hidden.device, dtype=hidden.dtype)  # (B,)
+        sums = hidden.new_zeros(len(layout.lengths), hidden.shape[1]).index_add_(
+            0, layout.sequence_index, hidden)  # (B, H)
+        return sums / lengths[:, None]
+    mask = layout.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
+
+
 def _window(length: int) -> int:
     """Keys each query of a `length`-token sequence reads in `windowed_attention`: the length
     rounded up to a multiple of 16."""

@@ -8,9 +8,10 @@ Each use takes an Engine or a model directory, works on any number of texts, and
 in input order, equal to running each text alone. See `engine.py` for batching and precision.
 """
 
+from bertkit.encoder.sentence_transformers import Pooling
 from bertkit.inference.classify import classify, rerank
 from bertkit.inference.embed import embed, similarity
-from bertkit.inference.engine import Batch, Engine, Pooling, token_budget_batches
+from bertkit.inference.engine import Batch, Engine, token_budget_batches
 from bertkit.inference.fill_mask import Candidate, fill_mask, load_masked_lm
 from bertkit.inference.ner import ner
 from bertkit.inference.qa import qa

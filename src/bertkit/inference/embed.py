@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -12,6 +10,7 @@ import torch.nn.functional as F
 
 from bertkit.constants import POOLINGS
 from bertkit.encoder.model import encoder_of
+from bertkit.encoder.packing import mean_pool
 from bertkit.inference.common import Ids, Use, as_texts, engine_for, run_ids
 from bertkit.inference.engine import Batch, Engine
 
@@ -29,8 +28,7 @@ def pool(hidden: torch.Tensor, batch: Batch, mode: str) -> torch.Tensor:
     lengths = torch.tensor(packed.lengths, device=hidden.device)
     if mode == "max":
         return torch.segment_reduce(hidden, "max", lengths=lengths, axis=0)  # (B, H)
-    sums = hidden.new_zeros(len(packed.lengths), hidden.shape[1]).index_add_(0, packed.sequence_index, hidden)
-    return sums / lengths[:, None].to(hidden.dtype)  # (B, H)
+    return mean_pool(hidden, packed)  # (B, H)
 
 
 def embed(model: Engine | str | os.PathLike, texts: str | Sequence[str], *, pooling: str | None = None,
@@ -96,28 +94,6 @@ def similarity(model: Engine | str | os.PathLike, texts: Sequence[str], **option
     """Cosine similarity matrix (N, N) of the texts' embeddings."""
     vectors = embed(model, texts, normalize=True, **options)
     return vectors @ vectors.T
-
-
-def sentence_transformers_settings(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """prompts, default_prompt_name and truncate_dim from config_sentence_transformers.json (if any)."""
-    file = Path(model_dir) / "config_sentence_transformers.json"
-    if not file.is_file():
-        return {}
-    try:
-        found = json.loads(file.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise ValueError(f"{file}: not valid JSON ({err}); fix or remove it") from None
-    prompts = found.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise ValueError(f"{file}: `prompts` must map names to texts, got {prompts!r}")
-    default = found.get("default_prompt_name")
-    if default is not None and default not in prompts:
-        raise ValueError(f"{file}: default_prompt_name {default!r} is not one of its prompts "
-                         f"({', '.join(map(repr, prompts)) or 'none'})")
-    dim = found.get("truncate_dim")
-    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-        raise ValueError(f"{file}: truncate_dim must be a positive integer, got {dim!r}")
-    return {"prompts": dict(prompts), "default_prompt_name": default, "truncate_dim": dim}
 
 
 # ---------------------------------------------------------------------------------------------

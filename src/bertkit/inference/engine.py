@@ -40,6 +40,7 @@ from bertkit.encoder import tasks
 from bertkit.encoder.checkpoint import missing_from
 from bertkit.encoder.heads import use_class
 from bertkit.encoder.packing import Packed
+from bertkit.encoder.sentence_transformers import Pooling, sparse_encoder_length
 from bertkit.util.fileio import model_directory
 
 log = logging.getLogger(__name__)
@@ -341,83 +342,3 @@ def _device(name: str | torch.device) -> torch.device:
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise ValueError(f"unknown device {name!r}; use auto, cpu or cuda")
     return torch.device(name)
-
-
-def sparse_encoder_length(model_dir: str | os.PathLike) -> int | None:
-    """A sentence-transformers SparseEncoder directory's max_seq_length (modules.json names a
-    SpladePooling; sentence_bert_config.json holds the length); None for any other directory."""
-    import json
-
-    root = Path(model_dir)
-    modules, st_config = root / "modules.json", root / "sentence_bert_config.json"
-    if not modules.is_file() or not st_config.is_file() or "SpladePooling" not in modules.read_text(encoding="utf-8"):
-        return None
-    try:
-        length = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
-    except ValueError as err:
-        raise ValueError(f"{st_config}: not valid JSON ({err}); fix or remove it") from None
-    return length if isinstance(length, int) and length > 2 else None
-
-
-# ---------------------------------------------------------------------------------------------
-# sentence-transformers pooling files
-# ---------------------------------------------------------------------------------------------
-def sentence_transformers_modules(model_dir: str | os.PathLike) -> dict[str, str]:
-    """A sentence-transformers directory's modules.json as {module class name: its folder}
-    ({} without one); ValueError naming the file when it is not a modules list."""
-    import json
-
-    modules_file = Path(model_dir) / "modules.json"
-    if not modules_file.is_file():
-        return {}
-    try:
-        modules = json.loads(modules_file.read_text(encoding="utf-8"))
-        return {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"{modules_file} is not a sentence-transformers modules list ({err}); "
-                         "fix or remove it") from None
-
-
-@dataclass
-class Pooling:
-    """How a sentence-transformers model turns token states into one vector (its own files)."""
-    mode: str  # "mean" | "cls" | "max"
-    normalize: bool
-    max_seq_length: int | None = None
-    include_prompt: bool = True  # False: a prompt's tokens are left out of the pooling (not implemented here)
-
-    @classmethod
-    def read(cls, model_dir: str | os.PathLike) -> "Pooling | None":
-        """From modules.json + 1_Pooling/config.json (+ sentence_bert_config.json); None when absent."""
-        import json
-
-        root = Path(model_dir)
-        kinds = sentence_transformers_modules(root)
-        if "Pooling" not in kinds:
-            return None
-        pooling_file = root / kinds["Pooling"] / "config.json"
-        try:
-            settings = json.loads(pooling_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"cannot read the pooling settings {pooling_file}: {err}") from None
-        if "pooling_mode" in settings:  # sentence-transformers 6: one key, a mode or a list of them
-            modes = settings["pooling_mode"]
-            modes = [modes] if isinstance(modes, str) else list(modes or [])
-            chosen = [m for m in modes if m in ("mean", "cls", "max")]
-            other = [m for m in modes if m not in ("mean", "cls", "max")]
-        else:  # before: one boolean key per mode
-            chosen = [name for key, name in (("pooling_mode_mean_tokens", "mean"),
-                                             ("pooling_mode_cls_token", "cls"),
-                                             ("pooling_mode_max_tokens", "max")) if settings.get(key)]
-            other = [key for key in ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
-                                     "pooling_mode_lasttoken") if settings.get(key)]
-        if other or len(chosen) != 1:
-            raise ValueError(f"{pooling_file}: pooling {other or chosen or 'none'} is not supported; "
-                             "bertkit pools with exactly one of mean, cls or max (pass --pooling to "
-                             "override)")
-        length = None
-        st_config = root / "sentence_bert_config.json"
-        if st_config.is_file():
-            length = json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length")
-        return cls(mode=chosen[0], normalize="Normalize" in kinds, max_seq_length=length,
-                   include_prompt=bool(settings.get("include_prompt", True)))

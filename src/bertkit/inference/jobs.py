@@ -23,7 +23,7 @@ from bertkit.constants import FINETUNE_CONFIG
 from bertkit.encoder import tasks
 from bertkit.encoder.config import BertConfig
 from bertkit.inference.engine import Engine
-from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, run_file
+from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, RunFileConfig, run_file_job
 from bertkit.inference.uses import USES, use_row
 from bertkit.util.fileio import check_writable_output, model_directory
 
@@ -64,11 +64,12 @@ def run_use_on_file(use: str, engine: Engine, input_path: str | os.PathLike, out
     settings = {"use": use, "model": str(Path(engine.model_dir).resolve()) if engine.model_dir else None,
                 "precision": engine.precision, "max_length": engine.max_length,
                 "truncate": engine.truncate, **options}
-    return run_file(input_path, out, row.chunk(engine, dict(options)), kind=kind,
-                    dim=(options.get("truncate_dim") or engine.config.hidden_size) if kind == "npy" else None,
-                    chunk_size=chunk_size,
-                    resume=resume, overwrite=overwrite, progress=progress, settings=settings, fmt=fmt,
-                    text_field=text_field, pair_field=pair_field, words_field=words_field, desc=use)
+    config = RunFileConfig(input_path=input_path, out_path=out, kind=kind,
+                           dim=(options.get("truncate_dim") or engine.config.hidden_size) if kind == "npy" else None,
+                           chunk_size=chunk_size, resume=resume, overwrite=overwrite, progress=progress,
+                           settings=settings, fmt=fmt, text_field=text_field, pair_field=pair_field,
+                           words_field=words_field, desc=use)
+    return run_file_job(config, row.chunk(engine, dict(options)))
 
 
 # ---------------------------------------------------------------------------------------------

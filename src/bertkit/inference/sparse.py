@@ -20,56 +20,20 @@ projection (the max runs over all of them), so this is the only saving there is.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from bertkit.constants import SPARSE_POOLINGS
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
+from bertkit.encoder.sentence_transformers import SpladePooling
 from bertkit.inference.common import Ids, Use, as_texts, run_ids
-from bertkit.inference.engine import Batch, Engine, sentence_transformers_modules
+from bertkit.inference.engine import Batch, Engine
 
 # Token rows per vocabulary projection: 512 × 30,522 fp32 logits are 62 MB, large enough for
 # efficient GEMMs, small enough for any machine.
 PROJECTION_ROWS = 512
-ACTIVATIONS = ("relu", "log1p_relu")
-
-
-@dataclass(frozen=True)
-class SpladePooling:
-    """How token logits become term weights, as sentence-transformers' SpladePooling module."""
-    pooling_strategy: str = "max"  # SPLADE v2 and later; "sum" is the first SPLADE's
-    activation_function: str = "relu"  # log1p∘ReLU; "log1p_relu" adds a second log1p (OpenSearch models)
-    declared: bool = field(default=False, compare=False)  # read from a SparseEncoder directory's own files
-
-    def __post_init__(self) -> None:
-        if self.pooling_strategy not in SPARSE_POOLINGS:
-            raise ValueError(f"unknown SPLADE pooling_strategy {self.pooling_strategy!r}; use one of "
-                             f"{', '.join(SPARSE_POOLINGS)}")
-        if self.activation_function not in ACTIVATIONS:
-            raise ValueError(f"unknown SPLADE activation_function {self.activation_function!r}; use one "
-                             f"of {', '.join(ACTIVATIONS)}")
-
-    @classmethod
-    def read(cls, model_dir: str | os.PathLike | None) -> "SpladePooling":
-        """A SparseEncoder directory's own settings (modules.json → its SpladePooling config.json);
-        the SPLADE v2 defaults for any other masked-LM directory."""
-        if model_dir is None:
-            return cls()
-        paths = sentence_transformers_modules(model_dir)
-        if "SpladePooling" not in paths:
-            return cls()
-        file = Path(model_dir) / paths["SpladePooling"] / "config.json"
-        try:
-            found = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
-        except ValueError as err:
-            raise ValueError(f"{file}: not valid JSON ({err}); fix or remove it") from None
-        return cls(found.get("pooling_strategy", "max"), found.get("activation_function", "relu"), declared=True)
 
 
 def sparse_engine(model_dir: str | os.PathLike, **options: Any) -> Engine:

@@ -14,10 +14,10 @@ bm25s, for hybrid search, mining negatives and baselines), `datasets` (built-in 
 
 from bertkit.retrieval.exact import top_k_inner_product
 from bertkit.retrieval.fusion import fuse_scores, rrf
-from bertkit.retrieval.index import Index, build_index, model_fingerprint, open_index
+from bertkit.retrieval.index import Index, IndexConfig, build_index, model_fingerprint, open_index, run_build_index
 from bertkit.retrieval.metrics import evaluate_run, ndcg, recall, reciprocal_rank
 from bertkit.retrieval.search import Hit, Searcher, load_reranker, search
 
-__all__ = ["Index", "build_index", "model_fingerprint", "open_index", "evaluate_run", "ndcg",
-           "recall", "reciprocal_rank", "Hit", "Searcher", "fuse_scores", "load_reranker", "rrf", "search",
-           "top_k_inner_product"]
+__all__ = ["Index", "IndexConfig", "build_index", "run_build_index", "model_fingerprint", "open_index",
+           "evaluate_run", "ndcg", "recall", "reciprocal_rank", "Hit", "Searcher", "fuse_scores", "load_reranker",
+           "rrf", "search", "top_k_inner_product"]

@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,16 @@ def model_fingerprint(model_dir: str | os.PathLike, tokenizer: Any = None) -> di
     return {"model": digest.hexdigest()[:32], "tokenizer": tokenizer.fingerprint()}
 
 
+def recorded_model_dir(model: str | os.PathLike | None, recorded: str, owner: str, flag: str) -> str | os.PathLike:
+    """The model directory a query loads: `model` when given, else the one `owner` ("the index",
+    "the sparse side") recorded; FileNotFoundError naming it and the fix when it is gone."""
+    model_dir = model if model is not None else recorded
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"{owner}'s model {model_dir} is not there any more; pass {flag} with "
+                                f"the same model, or rebuild {owner}")
+    return model_dir
+
+
 def _engine(model: Any, **options: Any):
     from bertkit.inference import Engine
 
@@ -85,25 +95,67 @@ def _engine(model: Any, **options: Any):
     return Engine.load(model_directory(model, "--model"), use="embed", **options)
 
 
-def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLike, *,
-                resume: bool = False, overwrite: bool = False, progress: bool = True,
-                text_field: str = "text", id_field: str = "id", chunk_size: int = 1024,
-                pooling: str | None = None, normalize: bool | None = None,
-                passage_tokens: int | None = None, passage_overlap: int = 0, late_chunking: bool = False,
-                backend: str = "exact", backend_params: dict[str, Any] | None = None, bm25: bool = True,
-                **engine_options: Any) -> dict[str, Any]:
-    """Embed every usable row of `corpus` with `model` (an Engine or a model dir) into `out_dir`.
+@dataclass
+class IndexConfig:
+    """Every setting of `build_index`; what decides the vectors is written to INDEX/index.json."""
 
-    passage_tokens: pieces per passage (None: the model's length − 2, so a document longer than
-      the model reads becomes several passages; 0: whole documents, truncated at the model's
-      length, counted and logged). passage_overlap: pieces shared by neighbouring passages.
-    late_chunking: each passage pooled from the token states of a window of its neighbours
-      (`bertkit.retrieval.passages`); mean pooling only.
-    backend: "exact" | "faiss-hnsw" (or "faiss") | "faiss-ivfpq" | "qdrant" (`backends`);
-      backend_params override `backends.default_params` (e.g. {"M": 16}, {"url": ...}).
-    bm25: also build the BM25 index of the same passages (for hybrid search).
-    pooling / normalize: as `bertkit.inference.embed` (None: the model's own settings).
-    engine_options: Engine.load options (precision, max_batch_tokens, max_length, device).
+    corpus: str | os.PathLike  # jsonl rows with an id and a text, or txt: one document a line
+    model: Any  # an Engine, or a model directory loaded for the "embed" use
+    out_dir: str | os.PathLike  # INDEX: the files listed in the module docstring
+    resume: bool = False  # continue a killed build after the vectors already written
+    overwrite: bool = False  # start over in an existing INDEX (removes only the index's own files)
+    progress: bool = True  # a tqdm bar of passages
+    text_field: str = "text"  # jsonl: the column holding a document's text
+    id_field: str = "id"  # jsonl: the column holding a document's id (txt: the line number)
+    # Passages per engine call (run_file's chunk): room for the engine's length sorting, a few MB.
+    chunk_size: int = 1024
+    pooling: str | None = None  # as `bertkit.inference.embed`; None = the model's own pooling
+    normalize: bool | None = None  # unit vectors; None = as the model's pooling says
+    # Pieces per passage. None = the model's length − 2, so that a document longer than the model
+    # reads becomes several passages instead of losing its end; 0 = whole documents, truncated at
+    # the model's length (counted and logged).
+    passage_tokens: int | None = None
+    passage_overlap: int = 0  # pieces shared by neighbouring passages; 0 = cut exactly
+    # Pool each passage from the token states of a window of its neighbours (`passages`), so a
+    # passage's vector sees its context; mean pooling only.
+    late_chunking: bool = False
+    # "exact" | "faiss-hnsw" (or "faiss") | "faiss-ivfpq" | "qdrant" (`backends`): exact search
+    # needs no extra library and is fast enough up to about a million passages.
+    backend: str = "exact"
+    backend_params: dict[str, Any] = field(default_factory=dict)  # over `backends.default_params`, e.g. {"M": 16}
+    bm25: bool = True  # also index the same passages for BM25, so hybrid search works on any index
+    # Engine.load options when model is a directory (precision, max_batch_tokens, max_length, device).
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.backend_params = dict(self.backend_params or {})
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad value and the fix (the model's limits are checked on load)."""
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other; pass one")
+        if not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+        if self.passage_overlap < 0:
+            raise ValueError(f"--passage-overlap {self.passage_overlap} must be 0 or more pieces")
+
+
+def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLike, **settings: Any) -> dict[str, Any]:
+    """`run_build_index` of an `IndexConfig` made of these arguments. settings: any other of its
+    fields (passage_tokens, late_chunking, backend, bm25, ...); the rest are Engine.load options
+    (precision, max_batch_tokens, max_length, device)."""
+    names = {f.name for f in fields(IndexConfig)}
+    engine_options = {k: v for k, v in settings.items() if k not in names}
+    known = {k: v for k, v in settings.items() if k in names}
+    return run_build_index(IndexConfig(corpus=corpus, model=model, out_dir=out_dir,
+                                       engine_options={**known.pop("engine_options", {}), **engine_options},
+                                       **known))
+
+
+def run_build_index(config: IndexConfig) -> dict[str, Any]:
+    """Embed every usable row of `config.corpus` with `config.model` into `config.out_dir`.
+
     Returns {"out", "documents", "rows" (passages), "dim", "skipped", "resumed_from", "seconds",
     "model", "backend"}.
     Raises FileExistsError for an existing index without resume / overwrite, ValueError for bad
@@ -112,39 +164,36 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
     server that does not answer (before anything is written).
     """
     from bertkit.inference.embed import resolve_pooling
-    from bertkit.inference.files import RecordReport, read_records, run_file
+    from bertkit.inference.files import RecordReport, RunFileConfig, read_records, run_file_job
 
     started = time.monotonic()
-    if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other; pass one")
-    backend = backends.resolve_backend(backend)
-    params_override = dict(backend_params or {})
+    backend = backends.resolve_backend(config.backend)
+    params_override = dict(config.backend_params)
     if backend.startswith("faiss"):
         backends.import_faiss()
     elif backend == "qdrant":
         backends.import_qdrant()
         if params_override.get("url"):
             backends.qdrant_client_for(params_override)  # a server that does not answer: fail now
-    out = check_writable_output(out_dir, overwrite=None if resume else overwrite, kind="dir",
-                                outputs=INDEX_OUTPUTS)
-    corpus = Path(corpus)
+    out = check_writable_output(config.out_dir, overwrite=None if config.resume else config.overwrite,
+                                kind="dir", outputs=INDEX_OUTPUTS)
+    corpus = Path(config.corpus)
     if not corpus.is_file():
         raise FileNotFoundError(f"no such corpus file: {corpus}" if not corpus.is_dir() else
                                 f"corpus {corpus} is a directory; pass a .jsonl or .txt file")
-    engine = _engine(model, **engine_options)
+    engine = _engine(config.model, **config.engine_options)
     if engine.model_dir is None:
         raise ValueError("an index records the model directory that made it; load the Engine "
                          "with Engine.load(model_dir)")
-    mode, unit = resolve_pooling(engine, pooling, normalize)
+    mode, unit = resolve_pooling(engine, config.pooling, config.normalize)
     room = engine.max_length - 2  # pieces a sequence holds besides [CLS] and [SEP]
-    if passage_tokens is None:
-        passage_tokens = room
+    passage_tokens = room if config.passage_tokens is None else config.passage_tokens
     if passage_tokens < 0 or passage_tokens > room:
         raise ValueError(f"--passage-tokens {passage_tokens} must be in 1..{room} (the model reads "
                          f"{engine.max_length} pieces with [CLS] and [SEP]), or 0 for whole documents")
-    if passage_tokens == 0 and late_chunking:
+    if passage_tokens == 0 and config.late_chunking:
         raise ValueError("--late-chunking pools passages; pass --passage-tokens N (not 0)")
-    if late_chunking and mode != "mean":
+    if config.late_chunking and mode != "mean":
         raise ValueError(f"--late-chunking pools each passage's token states by their mean; this "
                          f"model pools by {mode} (pass --pooling mean to use it anyway)")
     fingerprint = model_fingerprint(engine.model_dir, engine.tokenizer)
@@ -152,7 +201,7 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        if overwrite:
+        if config.overwrite:
             from bertkit.inference.files import OutputFiles
 
             for leftover in OutputFiles(out / VECTORS_FILE).leftovers():
@@ -162,9 +211,10 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         (out / INDEX_FILE).unlink(missing_ok=True)  # the index is unfinished until it is rewritten
         report = RecordReport(str(corpus))
-        docs, rows = write_store(read_records(corpus, text_field=text_field, report=report), out, id_field,
-                                 passage_splitter(engine.tokenizer, passage_tokens, passage_overlap,
-                                           late_chunking, room), resume=resume)
+        records = read_records(corpus, text_field=config.text_field, report=report)
+        docs, rows = write_store(records, out, config.id_field,
+                                 passage_splitter(engine.tokenizer, passage_tokens, config.passage_overlap,
+                                                  config.late_chunking, room), resume=config.resume)
         if report.n_skipped:
             log.warning("%s", report.summary())
         if rows == 0:
@@ -176,32 +226,33 @@ def build_index(corpus: str | os.PathLike, model: Any, out_dir: str | os.PathLik
     settings = {"model": str(Path(engine.model_dir).resolve()), "fingerprint": fingerprint,
                 "pooling": mode, "normalize": unit, "max_length": engine.max_length,
                 "precision": engine.precision,
-                "passages": {"tokens": passage_tokens, "overlap": passage_overlap if passage_tokens else 0,
-                             "late_chunking": late_chunking}}
+                "passages": {"tokens": passage_tokens, "overlap": config.passage_overlap if passage_tokens else 0,
+                             "late_chunking": config.late_chunking}}
     doc_offsets = np.load(out / OFFSETS_FILE)
 
     def vectors_of(records):
-        return passage_vectors(engine, records, mode, unit, late_chunking,
+        return passage_vectors(engine, records, mode, unit, config.late_chunking,
                                lambda rows: [d["text"] for d in read_lines(out / DOCS_FILE, doc_offsets, rows)])
 
     truncated_before = engine.stats.truncated
-    summary = run_file(out / PASSAGES_FILE, out / VECTORS_FILE, vectors_of,
-                       kind="npy", dim=engine.config.hidden_size, chunk_size=chunk_size,
-                       resume=resume, overwrite=False, progress=progress, settings=settings,
-                       distributed=False, desc="passages")
+    vectors_job = RunFileConfig(input_path=out / PASSAGES_FILE, out_path=out / VECTORS_FILE, kind="npy",
+                                dim=engine.config.hidden_size, chunk_size=config.chunk_size,
+                                resume=config.resume, overwrite=False, progress=config.progress,
+                                settings=settings, distributed=False, desc="passages")
+    summary = run_file_job(vectors_job, vectors_of)
     if summary["rows"] != rows:  # both read the same file; a change in between shows here
         raise ValueError(f"{out / PASSAGES_FILE} changed while it was indexed ({rows} passages stored, "
                          f"{summary['rows']} vectors); index it again")
     vectors = np.load(out / VECTORS_FILE, mmap_mode="r")
     params = {**backends.default_params(backend, rows, engine.config.hidden_size), **params_override}
     built = backends.build(backend, out, vectors, params)
-    if bm25:
+    if config.bm25:
         from bertkit.retrieval.bm25 import BM25
 
         BM25.fit(p["text"] for p in passage_texts(out / PASSAGES_FILE)).save(out / BM25_DIR)
     meta = {"format": FORMAT, **settings, "rows": rows, "documents": docs, "dim": engine.config.hidden_size,
-            "backend": built, "bm25": bm25, "truncated": engine.stats.truncated - truncated_before,
-            "corpus": str(corpus.resolve()), "text_field": text_field, "id_field": id_field,
+            "backend": built, "bm25": config.bm25, "truncated": engine.stats.truncated - truncated_before,
+            "corpus": str(corpus.resolve()), "text_field": config.text_field, "id_field": config.id_field,
             "skipped": report.n_skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_json(out / INDEX_FILE, meta)
     return {"out": str(out), "documents": docs, "rows": rows, "dim": meta["dim"],

@@ -31,7 +31,7 @@ import numpy as np
 
 from bertkit.retrieval.exact import DEFAULT_BUDGET, top_k_inner_product
 from bertkit.retrieval.fusion import HYBRID, check_rerank_weight, fuse_scores, rrf, zscore
-from bertkit.retrieval.index import BM25_DIR, Index, open_index
+from bertkit.retrieval.index import BM25_DIR, Index, open_index, recorded_model_dir
 
 __all__ = ["DEFAULT_BUDGET", "Hit", "Searcher", "check_rerank_weight", "fuse_scores", "load_reranker",
            "rerank_logits", "search", "top_k_inner_product"]
@@ -115,10 +115,7 @@ class Searcher:
         if isinstance(model, Engine):
             engine = model
         else:
-            model_dir = model if model is not None else index.meta["model"]
-            if not os.path.isdir(model_dir):
-                raise FileNotFoundError(f"the index's model {model_dir} is not there any more; pass "
-                                        "--model with the same model, or rebuild the index")
+            model_dir = recorded_model_dir(model, index.meta["model"], "the index", "--model")
             index.check_model(model_dir)  # before loading weights: a wrong model fails fast
             engine = Engine.load(model_dir, use="embed", max_length=index.meta["max_length"],
                                  **engine_options)

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bertkit.retrieval.index import PASSAGES_FILE, model_fingerprint
+from bertkit.retrieval.index import PASSAGES_FILE, model_fingerprint, recorded_model_dir
 from bertkit.retrieval.store import save_npy
 from bertkit.util.fileio import atomic_write_json, model_directory
 
@@ -50,9 +50,10 @@ def build_sparse(index_dir: str | os.PathLike, model: Any, *, top_k: int | None 
     dir or an Engine loaded for fill-mask) into INDEX/sparse/. top_k: keep each passage's k
     largest weights (None: all). resume: continue a killed encoding. An existing sparse side is
     replaced. Returns {"rows", "nnz", "model", "seconds"}."""
+    from bertkit.encoder.sentence_transformers import SpladePooling
     from bertkit.inference import Engine
     from bertkit.inference.files import run_file
-    from bertkit.inference.sparse import SpladePooling, embed_sparse, sparse_engine
+    from bertkit.inference.sparse import embed_sparse, sparse_engine
 
     started = time.monotonic()
     root = Path(index_dir)
@@ -210,10 +211,7 @@ class SparseSearcher:
         if isinstance(model, Engine):
             engine = model
         else:
-            model_dir = model if model is not None else side.meta["model"]
-            if not os.path.isdir(model_dir):
-                raise FileNotFoundError(f"the sparse side's model {model_dir} is not there any more; pass "
-                                        "--sparse-model with the same model, or rebuild the sparse side")
+            model_dir = recorded_model_dir(model, side.meta["model"], "the sparse side", "--sparse-model")
             engine = sparse_engine(model_dir, max_length=side.meta["max_length"], **engine_options)
         side.check_model(engine.model_dir, engine.tokenizer, engine.config.vocab_size)
         return cls(side, engine)

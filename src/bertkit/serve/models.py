@@ -16,9 +16,8 @@ from typing import Any
 
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder import tasks
+from bertkit.encoder.sentence_transformers import SpladePooling, sentence_transformers_settings
 from bertkit.inference import Engine
-from bertkit.inference.embed import sentence_transformers_settings
-from bertkit.inference.sparse import SpladePooling
 from bertkit.util.fileio import model_directory
 
 

@@ -105,13 +105,18 @@ async def route_embed(service: Service, request: Request) -> Response:
 
 async def route_embed_all(service: Service, request: Request) -> Response:
     req = await body(service, request, schemas.EmbedAllRequest, "/embed_all")
-    model = service.model(req.model, "embed")
+    rows = await prompted_rows(service, request, req, service.model(req.model, "embed"), "token-vectors")
+    return JSONResponse([array(row) for row in rows])
+
+
+async def prompted_rows(service: Service, request: Request, req: schemas.EmbedAllRequest, model: ServedModel,
+                        use: str) -> list[Any]:
+    """The runner `use`'s result per input of /embed_all or /embed_sparse, the model's prompt
+    put before each."""
     texts, _ = schemas.texts_of(req.inputs)
     service.limits.check_batch("inputs", len(texts))
     texts = with_prompt(service.prompt(model, req.prompt_name), texts)
-    rows = await vectors_of(service, request, model, texts, truncate_of(service, req.truncate), "inputs",
-                            use="token-vectors")
-    return JSONResponse([array(row) for row in rows])
+    return await vectors_of(service, request, model, texts, truncate_of(service, req.truncate), "inputs", use=use)
 
 
 async def route_embed_sparse(service: Service, request: Request) -> Response:
@@ -119,12 +124,7 @@ async def route_embed_sparse(service: Service, request: Request) -> Response:
     with a masked-LM head; any other is refused, 424, as TEI refuses a model without SPLADE
     pooling and as every head route here does)."""
     req = await body(service, request, schemas.EmbedSparseRequest, "/embed_sparse")
-    model = service.model(req.model, "embed_sparse")
-    texts, _ = schemas.texts_of(req.inputs)
-    service.limits.check_batch("inputs", len(texts))
-    texts = with_prompt(service.prompt(model, req.prompt_name), texts)
-    rows = await vectors_of(service, request, model, texts, truncate_of(service, req.truncate), "inputs",
-                            use="embed-sparse")
+    rows = await prompted_rows(service, request, req, service.model(req.model, "embed_sparse"), "embed-sparse")
     return JSONResponse([[{"index": i, "value": v} for i, v in zip(ix.tolist(), values.tolist())]
                          for ix, values in rows])
 

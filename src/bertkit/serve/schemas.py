@@ -197,13 +197,8 @@ class FillMaskRequest(Request):
     model: Model = None
 
 
-class EmbedSparseRequest(Request):
+class EmbedSparseRequest(EmbedAllRequest):
     """TEI's /embed_sparse: SPLADE term weights from a masked-LM head."""
-    inputs: Texts
-    truncate: Truncate = None
-    truncation_direction: Direction = "Right"
-    prompt_name: PromptName = None
-    model: Model = None
 
 
 class NerRequest(Request):

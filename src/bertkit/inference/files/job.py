@@ -42,7 +42,7 @@ import math
 import mmap
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -61,32 +61,79 @@ KINDS = ("npy", "jsonl")
 DEFAULT_CHUNK_SIZE = 1024
 
 
+@dataclass
+class RunFileConfig:
+    """Every setting of `run_file` but its `process` function; what must not change for a resume
+    is written to the state file beside the output (`state.py`)."""
+
+    input_path: str | os.PathLike  # any format `read_records` reads
+    out_path: str | os.PathLike  # OUT: a .npy or .jsonl file (built as OUT.partial, renamed when complete)
+    kind: str | None = None  # "npy" or "jsonl"; None = from the suffix of out_path (resolved on construction)
+    dim: int | None = None  # npy row width; None = measured by calling `process` on the first record once
+    dtype: str = "float32"  # npy: what embeddings are everywhere downstream (FAISS, numpy search)
+    chunk_size: int = DEFAULT_CHUNK_SIZE  # records per `process` call (see DEFAULT_CHUNK_SIZE)
+    # Continue a killed run of the same input and settings; with no partial run it starts from
+    # row 0, with a complete OUT it does nothing.
+    resume: bool = False
+    overwrite: bool = False  # start over, removing an existing OUT and any partial run of it
+    progress: bool = True  # a tqdm bar of rows on rank 0
+    # Whatever must be equal for a resumed run to continue one output (model directory, its
+    # fingerprint, precision, pooling, ...): JSON-able values, compared key by key.
+    settings: dict[str, Any] = field(default_factory=dict)
+    fmt: str = "auto"  # reading, as `read_records`: by the input's suffix
+    text_field: str = "text"
+    pair_field: str | None = None
+    words_field: str | None = None
+    max_chars: int = DEFAULT_MAX_CHARS  # longer rows are skipped as bad rather than read whole
+    # "auto" (several ranks when WORLD_SIZE > 1, e.g. under torchrun), False, True, or a
+    # `bertkit.util.distributed.DistInfo` whose process group the caller already joined.
+    distributed: Any = "auto"
+    desc: str = "rows"  # the progress bar's unit
+    # jsonl: the output's `line` is this field of each input row (an input that is itself derived
+    # from another file, e.g. passages naming their document's line), not the row's own.
+    line_field: str | None = None
+
+    def __post_init__(self) -> None:
+        self.input_path, self.out_path = Path(self.input_path), Path(self.out_path)
+        self.settings = dict(self.settings or {})
+        self.validate()
+
+    def validate(self) -> None:
+        """Resolve kind and dtype; raise ValueError naming a bad value and the fix."""
+        out = self.out_path
+        self.kind = self.kind or {".npy": "npy", ".jsonl": "jsonl"}.get(out.suffix.lower())
+        if self.kind not in KINDS:
+            raise ValueError(f"cannot tell the output kind of {out} (suffix {out.suffix!r}); name it "
+                             ".npy or .jsonl, or pass kind='npy' / 'jsonl'")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+        if self.dim is not None and self.dim <= 0:
+            raise ValueError(f"dim must be positive, got {self.dim}")
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other; pass one")
+        self.dtype = np.dtype(self.dtype).name
+
+    def reading(self) -> dict[str, Any]:
+        """`read_records`' keyword arguments."""
+        return dict(fmt=self.fmt, text_field=self.text_field, pair_field=self.pair_field,
+                    words_field=self.words_field, max_chars=self.max_chars)
+
+
 def run_file(input_path: str | os.PathLike, out_path: str | os.PathLike,
-             process: Callable[[list[Record]], Sequence[Any] | np.ndarray], *,
-             kind: str | None = None, dim: int | None = None, dtype: str = "float32",
-             chunk_size: int = DEFAULT_CHUNK_SIZE, resume: bool = False, overwrite: bool = False,
-             progress: bool = True, settings: dict[str, Any] | None = None, fmt: str = "auto",
-             text_field: str = "text", pair_field: str | None = None, words_field: str | None = None,
-             max_chars: int = DEFAULT_MAX_CHARS, distributed: Any = "auto",
-             desc: str = "rows", line_field: str | None = None) -> dict[str, Any]:
-    """Map every usable row of `input_path` through `process` into `out_path`, in input order.
+             process: Callable[[list[Record]], Sequence[Any] | np.ndarray], **options: Any) -> dict[str, Any]:
+    """`run_file_job` of a `RunFileConfig` made of these arguments; options: any other of its
+    fields (kind, dim, chunk_size, resume, overwrite, settings, text_field, ...)."""
+    return run_file_job(RunFileConfig(input_path=input_path, out_path=out_path, **options), process)
+
+
+def run_file_job(config: RunFileConfig, process: Callable[[list[Record]], Sequence[Any] | np.ndarray]
+                 ) -> dict[str, Any]:
+    """Map every usable row of `config.input_path` through `process` into `config.out_path`, in order.
 
     process: list of up to `chunk_size` Records → one result per record, in order: for kind
       "npy" an array-like (len(records), dim) (cast to `dtype`); for "jsonl" a sequence of dicts
       (written as {"line": source line, "id": the row's id if it has one, **result}) or of other
       JSON values (written as {"line": ..., "result": value}).
-    kind: "npy" or "jsonl"; None = from the suffix of `out_path`.
-    dim: the npy row width; None = measured by calling `process` on the first record once.
-    resume: continue a killed run of the same input and settings (see the module docstring);
-      with no partial run it starts from row 0, with a complete OUT it does nothing.
-    overwrite: start over, removing an existing OUT and any partial run of it.
-    settings: whatever must be equal for a resumed run to continue one output (model directory,
-      its fingerprint, precision, pooling, ...); JSON-able values, compared key by key.
-    fmt, text_field, pair_field, words_field, max_chars: reading, as `read_records`.
-    distributed: "auto" (several ranks when WORLD_SIZE > 1, e.g. under torchrun), False, True, or
-      a `bertkit.util.distributed.DistInfo` whose process group the caller already joined.
-    line_field: jsonl: the output's `line` is this field of each input row (an input that is
-      itself derived from another file, e.g. passages naming their document's line), not the row's own.
     Returns a summary: out, input, kind, rows (written), dim, skipped (count), problems
       {problem: count}, examples (first "file:line: what is wrong"), resumed_from (rows this rank
       had done before), processed (rows this rank computed now), seconds, rows_per_second,
@@ -96,48 +143,36 @@ def run_file(input_path: str | os.PathLike, out_path: str | os.PathLike,
     of the wrong length or shape.
     """
     started = time.monotonic()
-    input_path, out = Path(input_path), Path(out_path)
-    kind = kind or {".npy": "npy", ".jsonl": "jsonl"}.get(out.suffix.lower())
-    if kind not in KINDS:
-        raise ValueError(f"cannot tell the output kind of {out} (suffix {out.suffix!r}); name it "
-                         ".npy or .jsonl, or pass kind='npy' / 'jsonl'")
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    if dim is not None and dim <= 0:
-        raise ValueError(f"dim must be positive, got {dim}")
-    if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other; pass one")
+    input_path, out, kind = config.input_path, config.out_path, config.kind
     if out.is_dir():
         raise IsADirectoryError(f"--out {out} is a directory; pass the path of the {kind} file to write")
-    fmt = record_format(input_path, fmt)
+    fmt = record_format(input_path, config.fmt)
     if not input_path.is_file():
         raise FileNotFoundError(f"no such input file: {input_path}")
-    dtype = np.dtype(dtype).name
-    reading = dict(fmt=fmt, text_field=text_field, pair_field=pair_field, words_field=words_field,
-                   max_chars=max_chars)
+    reading = {**config.reading(), "fmt": fmt}
     files = OutputFiles(out)
 
-    group = join_group(distributed)
-    decision = on_rank0(group, lambda: decide(files, resume, overwrite, group.world_size))
+    group = join_group(config.distributed)
+    decision = on_rank0(group, lambda: decide(files, config.resume, config.overwrite, group.world_size))
     if decision == "complete":
         return _complete_summary(input_path, out, kind, group, started)
     fingerprint = input_fingerprint(input_path)
     report = RecordReport(str(input_path), quiet=group.rank != 0)
-    n_rows = _count_rows(input_path, report, reading, show=progress and group.rank == 0)
+    n_rows = _count_rows(input_path, report, reading, show=config.progress and group.rank == 0)
     current = {"version": STATE_VERSION, "input": fingerprint, "kind": kind, "format": fmt,
-               "text_field": text_field, "pair_field": pair_field, "words_field": words_field,
-               "max_chars": max_chars,
-               "dtype": dtype if kind == "npy" else None, "dim": dim if kind == "npy" else None,
-               "world_size": group.world_size, "rank": group.rank, "chunk_size": chunk_size,
-               "rows": n_rows, "settings": plain(settings or {})}
+               "text_field": config.text_field, "pair_field": config.pair_field,
+               "words_field": config.words_field, "max_chars": config.max_chars,
+               "dtype": config.dtype if kind == "npy" else None, "dim": config.dim if kind == "npy" else None,
+               "world_size": group.world_size, "rank": group.rank, "chunk_size": config.chunk_size,
+               "rows": n_rows, "settings": plain(config.settings)}
     saved = load_state(files.state(group.rank, group.world_size), current, out) \
         if decision == "resume" else None
-    job = Job(files, group, current, process, reading, input_path, saved, line_field=line_field)
+    job = Job(files, group, current, process, reading, input_path, saved, line_field=config.line_field)
     if kind == "npy":
         job.open_npy(resume=decision == "resume")
     else:
         job.open_jsonl()
-    processed = job.run(progress, desc)
+    processed = job.run(config.progress, config.desc)
     job.finish()
     seconds = time.monotonic() - started
     if group.rank == 0:
