@@ -6,6 +6,7 @@ The import layers themselves are import-linter's contract (pyproject.toml, `make
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import bertkit
@@ -49,3 +50,12 @@ def test_private_names_do_not_cross_modules():
                     and isinstance(node.value, ast.Name) and node.value.id in imported_modules):
                 crossings.append(f"{path.relative_to(SOURCE)}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not crossings, "private names used outside their module: " + "; ".join(crossings)
+
+
+def test_comments_cite_no_issue_numbers():
+    """A comment says what was measured or decided, not where it was once asked for: an issue
+    number means nothing to a reader of the code (the issue tracker is not part of the tree)."""
+    pattern = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    found = [f"{path.relative_to(SOURCE)}:{n}" for path in modules()
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, "issue numbers in the source (say what was measured instead): " + ", ".join(found)
