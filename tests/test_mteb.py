@@ -11,6 +11,8 @@ import pytest
 import bertkit
 from test_evaluation import CORPUS, FAST, QRELS, QUERIES, STS_ROWS, one_thread, write_beir  # noqa: F401 (a fixture)
 
+from retrieval_fixtures import tiny_cross_encoder
+
 
 def test_without_mteb_the_extra_is_named(monkeypatch, minilm_dir):
     from bertkit.mteb import Encoder
@@ -30,7 +32,7 @@ from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData  # noqa: 
 from mteb.abstasks.sts import AbsTaskSTS  # noqa: E402
 from mteb.abstasks.task_metadata import TaskMetadata  # noqa: E402
 
-from bertkit.mteb import Encoder  # noqa: E402
+from bertkit.mteb import CrossEncoder, Encoder  # noqa: E402
 
 # What TaskMetadata requires of a task; only name, type and main_score matter to the scores.
 ABOUT = dict(description="a task built from local data", reference="https://github.com/embeddings-benchmark/mteb",
@@ -95,6 +97,20 @@ def test_reranking_equals_bertkit_eval(encoder, minilm_dir, tmp_path):
     theirs = run_mteb(encoder, local_task(AbsTaskRetrieval, "toy", "Reranking", "map_at_1000",
                                           {"default": {"test": beir_split(candidates)}}))
     ours = bertkit.evaluate(minilm_dir, beir=root, candidates=run, prompts=encoder.encoder.prompts, **FAST)
+    assert ours["task"] == "reranking"
+    assert_same_retrieval_figures(ours["scores"], theirs)
+
+
+def test_cross_encoder_reranking_equals_bertkit_eval(tmp_path):
+    ce = tiny_cross_encoder(tmp_path / "ce")
+    root = write_beir(tmp_path / "toy", CORPUS, QUERIES, QRELS)
+    candidates = {q: ["d8", "d6", "d4", "d2", "d1", "d3"] for q in QUERIES}
+    run = tmp_path / "first.run"
+    run.write_text("".join(f"{q} Q0 {d} {r + 1} {6 - r} first\n" for q, found in candidates.items()
+                           for r, d in enumerate(found)), encoding="utf-8")
+    theirs = run_mteb(CrossEncoder(ce), local_task(AbsTaskRetrieval, "toy", "Reranking", "map_at_1000",
+                                                   {"default": {"test": beir_split(candidates)}}))
+    ours = bertkit.evaluate(ce, beir=root, candidates=run)
     assert ours["task"] == "reranking"
     assert_same_retrieval_figures(ours["scores"], theirs)
 

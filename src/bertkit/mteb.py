@@ -1,4 +1,5 @@
-"""bertkit models in MTEB: an encoder that `mteb.evaluate` runs (mteb 2.x's `EncoderProtocol`).
+"""bertkit models in MTEB: an encoder that `mteb.evaluate` runs (mteb 2.x's `EncoderProtocol`),
+and a cross-encoder for its reranking tasks (`CrossEncoderProtocol`).
 
     import mteb
     from bertkit.mteb import Encoder
@@ -14,6 +15,9 @@ compared by the same cosine, so `bertkit eval` and MTEB give the same figures on
 config_sentence_transformers.json prompts, as MTEB's sentence-transformers wrapper picks them.
 Batches: MTEB's loader hands over its batches; the engine re-batches them by tokens, so
 `encode_kwargs={"batch_size": ...}` changes nothing here.
+
+`CrossEncoder(model_dir)` scores MTEB's (query, document) pairs with a cross-encoder's relevance
+logit, at the pair length it was trained at, as `bertkit eval` reranks.
 
 mteb is an optional dependency: `pip install 'bertkit[mteb]'`.
 """
@@ -60,13 +64,9 @@ class Encoder:
     @property
     def mteb_model_meta(self):
         """MTEB's description of the model (its name is bertkit/<directory name>)."""
-        from mteb.models.model_meta import ModelMeta
-
         engine = self.encoder.engine
-        return ModelMeta.create_empty(overwrites={
-            "name": f"bertkit/{Path(self.model_name).name}", "revision": self.revision,
-            "embed_dim": engine.config.hidden_size, "max_tokens": engine.max_length,
-            "similarity_fn_name": "cosine", "framework": ["PyTorch"]})
+        return _meta(self.model_name, self.revision, engine, embed_dim=engine.config.hidden_size,
+                     similarity_fn_name="cosine")
 
     def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None,
                **kwargs: Any) -> np.ndarray:
@@ -88,6 +88,54 @@ class Encoder:
         import torch
 
         return torch.from_numpy(cosine_pairs(_numpy(embeddings1), _numpy(embeddings2)))
+
+
+class CrossEncoder:
+    """A bertkit cross-encoder (a classifier with one relevance output) as MTEB's
+    `CrossEncoderProtocol`: `predict` over pairs, `mteb_model_meta`.
+
+    model_name: its directory. revision: recorded in the MTEB metadata only. device: the engine's
+    (default cpu). engine_options: `Engine.load`'s (precision, max_length, ...).
+    """
+
+    def __init__(self, model_name: str | os.PathLike, revision: str | None = None, *, device: str | None = None,
+                 **engine_options: Any):
+        need_mteb()
+        from bertkit.retrieval.search import load_reranker
+
+        if device is not None:
+            engine_options["device"] = device
+        self.engine = load_reranker(model_name, **{k: v for k, v in engine_options.items() if v is not None})
+        self.model_name = str(model_name)
+        self.revision = revision
+
+    @property
+    def mteb_model_meta(self):
+        return _meta(self.model_name, self.revision, self.engine)
+
+    def predict(self, inputs1, inputs2, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None,
+                **kwargs: Any) -> np.ndarray:
+        """(N,) float32 relevance logits of the pairs (i-th text of inputs1, i-th of inputs2)."""
+        from bertkit.evaluation.retrieval import pair_relevance
+
+        first = [text for batch in inputs1 for text in batch["text"]]
+        second = [text for batch in inputs2 for text in batch["text"]]
+        # MTEB hands the pairs over query by query. Scored a query at a time, as `bertkit eval`
+        # scores them, the logits are the same to the last bit: what else shares a packed batch
+        # moves a logit by ~1e-9, enough to reorder candidates that tie.
+        scores, start = [], 0
+        for end in range(1, len(first) + 1):
+            if end == len(first) or first[end] != first[start]:
+                scores.append(pair_relevance(self.engine, first[start:end], second[start:end]))
+                start = end
+        return np.concatenate(scores) if scores else np.zeros(0, dtype=np.float32)
+
+
+def _meta(model_name: str, revision: str | None, engine: Any, **fields: Any):
+    from mteb.models.model_meta import ModelMeta
+
+    return ModelMeta.create_empty(overwrites={"name": f"bertkit/{Path(model_name).name}", "revision": revision,
+                                             "max_tokens": engine.max_length, "framework": ["PyTorch"], **fields})
 
 
 def _numpy(x: Any) -> np.ndarray:

@@ -99,17 +99,25 @@ def bi_encoder_scorer(encoder: TextEncoder, data: RetrievalData,
     return score
 
 
+def pair_relevance(engine: Any, queries: list[str], documents: list[str]) -> np.ndarray:
+    """(N,) float32 relevance logits of a cross-encoder for the pairs (queries[i], documents[i]):
+    the sigmoid would not change the order, and raw logits tie less often. The MTEB cross-encoder
+    scores its pairs here too."""
+    from bertkit.inference.classify import logits
+
+    if engine.config.num_labels != 1:
+        raise ValueError(f"reranking needs a cross-encoder with one output (relevance); {engine.model_dir} has "
+                         f"{engine.config.num_labels}")
+    if not queries:
+        return np.zeros(0, dtype=np.float32)
+    return logits(engine, queries, documents)[:, 0].numpy()  # (N,)
+
+
 def cross_encoder_scorer(engine: Any, data: RetrievalData) -> Callable[[str, list[str]], list[float]]:
-    """A cross-encoder's relevance logit of each (query, document) pair (the sigmoid would not
-    change the order, and raw logits tie less often)."""
-    from bertkit.inference import rerank
+    """A cross-encoder's relevance logit of each (query, candidate) pair (`pair_relevance`)."""
 
     def score(query: str, found: list[str]) -> list[float]:
-        order = rerank(engine, data.queries[query], [data.corpus[d] for d in found], raw_scores=True)
-        out = [0.0] * len(found)
-        for item in order:
-            out[item["index"]] = item["score"]
-        return out
+        return pair_relevance(engine, [data.queries[query]] * len(found), [data.corpus[d] for d in found]).tolist()
 
     return score
 
