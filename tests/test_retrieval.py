@@ -63,6 +63,17 @@ def test_evaluate_run_averages_and_missing_queries():
         metrics.evaluate_run(run, {"q1": set()})
 
 
+def test_average_precision_and_trec_order_by_hand():
+    # Relevant a, b, c; found at ranks 1 and 3: (1/1 + 2/3) / 3; c never found counts as 0.
+    assert metrics.average_precision(["a", "x", "b"], {"a", "b", "c"}) == pytest.approx((1 + 2 / 3) / 3)
+    assert metrics.average_precision(["a", "x", "b"], {"a", "b", "c"}, k=2) == pytest.approx(1 / 3)  # map_cut.2
+    assert metrics.average_precision(["a", "a", "b"], {"a", "b"}) == pytest.approx((1 + 2 / 3) / 2)  # no double credit
+    out = metrics.evaluate_run({"q": ["a", "x", "b"]}, {"q": {"a", "b"}}, {"map": (None, 1)})
+    assert out["map"] == pytest.approx((1 + 2 / 3) / 2) and out["map@1"] == pytest.approx(1 / 2)
+    # trec_eval's order: score descending, then document id descending.
+    assert metrics.trec_order({"d1": 0.5, "d3": 0.9, "d2": 0.5, "d10": 0.5}) == ["d3", "d2", "d10", "d1"]
+
+
 # ---------------------------------------------------------------------------------------------
 # exact top-k in chunks
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ _EXPORTS = {
     "load_adapters": "bertkit.api",
     "Model": "bertkit.api",
     "Engine": "bertkit.inference",
+    "evaluate": "bertkit.evaluation",
     "BertConfig": "bertkit.encoder.config",
     "BertTokenizer": "bertkit.data.tokenizer",
     "BertModel": "bertkit.encoder.model",
@@ -35,7 +36,8 @@ _EXPORTS = {
     "BertForQuestionAnswering": "bertkit.encoder.heads",
 }
 
-__all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "BertConfig", "BertTokenizer", "BertModel",
+__all__ = ["__version__", "load", "load_adapters", "Model", "Engine", "evaluate", "BertConfig", "BertTokenizer",
+           "BertModel",
            "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
            "BertForQuestionAnswering"]
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         BertForTokenClassification,
     )
     from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
+    from bertkit.evaluation import evaluate
     from bertkit.inference import Engine
 
 

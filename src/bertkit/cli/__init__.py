@@ -2,7 +2,7 @@
 
 One module per room (`use`: embed, fill-mask, classify, ner, qa, rerank; `retrieval`: index,
 search; `pretrain`: tokenizer train, prepare, mask-demo, pretrain, plot, quickstart; `finetune`:
-finetune, predict, datasets; `distill`; `serve`; `explore`; `export`; `info`), each with an `add(sub)` that
+finetune, predict, datasets; `eval`; `distill`; `serve`; `explore`; `export`; `info`), each with an `add(sub)` that
 registers its commands; a command has a `_add_<name>(sub)` that declares its arguments and a
 `_run_<name>(args)` that calls the library. One error boundary in `main` serves every command:
 library errors (ValueError, including UnicodeDecodeError and CheckpointError, and every OSError:
@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from bertkit.cli import distill, explore, export, finetune, info, pretrain, retrieval, serve, use
+from bertkit.cli import distill, eval, explore, export, finetune, info, pretrain, retrieval, serve, use
 from bertkit.cli.finetune import finetune_summary_line
 from bertkit.cli.pretrain import pretrain_summary_line
 
@@ -27,7 +27,7 @@ __all__ = ["USER_ERRORS", "build_parser", "command_parsers", "error_line", "fine
            "main", "pretrain_summary_line"]
 
 # In this order `bertkit --help` lists the commands.
-ROOMS = [info, use, pretrain, finetune, serve, retrieval, distill, explore, export]
+ROOMS = [info, use, pretrain, finetune, eval, serve, retrieval, distill, explore, export]
 
 
 def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

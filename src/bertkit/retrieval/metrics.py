@@ -1,4 +1,4 @@
-"""Ranking metrics of a retrieval run: MRR@10, Recall@1/10/100, nDCG@10.
+"""Ranking metrics of a retrieval run: MRR@10, Recall@1/10/100, nDCG@10, MAP.
 
 A run is one ranked list of document ids per query (best first); the judgements are, per query,
 the relevant ids (a set: relevance 1) or {id: graded relevance}. Conventions are those of
@@ -8,6 +8,10 @@ MS MARCO and TREC's trec_eval, so the numbers compare with published ones:
 - Recall@k: relevant documents in the top k / all relevant documents of the query.
 - nDCG@k: DCG = sum over the top k of rel / log2(rank + 1) (rank 1-based; linear gains, as
   trec_eval), divided by the DCG of the ideal order of the query's judgements.
+- MAP (trec_eval's `map`; `map_cut.k` with a k): the mean over the relevant documents of the
+  precision at the rank each is found (0 for one not found), divided by all relevant documents.
+A run given as scores is ranked as trec_eval ranks it (`trec_order`): score descending, equal
+scores by document id descending, so figures equal `pytrec_eval`'s on the same run.
 A query without any relevant document is an error: it would count as 0 or be dropped silently,
 depending on the tool, and either changes the average.
 """
@@ -61,9 +65,33 @@ def ndcg(ranked: Sequence[str], relevant: Judgements, k: int = 10) -> float:
     return dcg / idcg
 
 
+def average_precision(ranked: Sequence[str], relevant: Judgements, k: int | None = None) -> float:
+    """Sum of the precision at the rank of each relevant id in ranked[:k] (the whole run when k is
+    None), over all relevant ids of the query: trec_eval's `map` (`map_cut.k`) for one query."""
+    rel = _graded(relevant)
+    if not rel:
+        raise ValueError("average precision of a query with no relevant document is undefined")
+    seen: set[str] = set()
+    total = 0.0
+    for rank, doc in enumerate(ranked if k is None else ranked[:k], start=1):
+        doc = str(doc)
+        if doc in rel and doc not in seen:
+            seen.add(doc)
+            total += len(seen) / rank
+    return total / len(rel)
+
+
+def trec_order(scores: Mapping[str, float]) -> list[str]:
+    """Document ids by score descending, equal scores by id descending: the order trec_eval (and
+    so pytrec_eval, BEIR and MTEB) ranks a scored run in."""
+    return [doc for doc, _ in sorted(scores.items(), key=lambda item: (item[1], item[0]), reverse=True)]
+
+
 def evaluate_run(run: Mapping[str, Sequence[str]], qrels: Mapping[str, Judgements],
-                 ks: Mapping[str, Sequence[int]] = DEFAULT_KS) -> dict[str, float]:
+                 ks: Mapping[str, Sequence[int | None]] = DEFAULT_KS) -> dict[str, float]:
     """Mean metrics over every judged query: {"mrr@10", "recall@1", ..., "ndcg@10", "queries"}.
+
+    ks: metric → cut-offs; "map": (None,) adds "map" over the whole run, (k,) adds "map@k".
 
     run: query id → ranked doc ids (best first); a judged query missing from the run scores 0.
     qrels: query id → relevant ids (or {id: grade}). Queries of the run that have no judgements
@@ -84,6 +112,9 @@ def evaluate_run(run: Mapping[str, Sequence[str]], qrels: Mapping[str, Judgement
             totals[f"recall@{k}"] = totals.get(f"recall@{k}", 0.0) + recall(ranked, rel, k)
         for k in ks.get("ndcg", ()):
             totals[f"ndcg@{k}"] = totals.get(f"ndcg@{k}", 0.0) + ndcg(ranked, rel, k)
+        for k in ks.get("map", ()):
+            name = "map" if k is None else f"map@{k}"
+            totals[name] = totals.get(name, 0.0) + average_precision(ranked, rel, k)
     n = len(qrels)
     out = {name: value / n for name, value in totals.items()}
     out["queries"] = n
