@@ -18,8 +18,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from bertkit.encoder.sentence_transformers import sentence_transformers_settings
 from bertkit.inference import Engine, embed
-from bertkit.inference.embed import resolve_prompt, sentence_transformers_settings
+from bertkit.inference.embed import resolve_prompt
 
 # Which side of an asymmetric task a text is on (MTEB's PromptType values).
 PROMPT_TYPES = ("query", "document")
