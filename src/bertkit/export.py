@@ -66,7 +66,7 @@ from torch import nn
 from bertkit.constants import EXPORT_USES, POOLINGS
 from bertkit.encoder import tasks
 from bertkit.encoder.model import encoder_of
-from bertkit.encoder.packing import Padding
+from bertkit.encoder.packing import Padding, mean_pool
 from bertkit.inference import Engine
 from bertkit.inference.uses import USES
 from bertkit.util.fileio import check_writable_output, model_directory
@@ -153,13 +153,12 @@ class PaddedGraph(nn.Module):
 
 def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
     """(B, T, H) states of a padded batch → (B, H), as `inference.embed.pool` over the real tokens."""
-    mask = attention_mask[:, :, None].to(hidden.dtype)  # (B, T, 1)
     if mode == "cls":
         vectors = hidden[:, 0]  # (B, H)
     elif mode == "max":
-        vectors = hidden.masked_fill(mask == 0, float("-inf")).amax(1)  # (B, H)
+        vectors = hidden.masked_fill(attention_mask[:, :, None] == 0, float("-inf")).amax(1)  # (B, H)
     else:
-        vectors = (hidden * mask).sum(1) / mask.sum(1)  # (B, H)
+        vectors = mean_pool(hidden, attention_mask)  # (B, H)
     return F.normalize(vectors, dim=-1) if normalize else vectors
 
 

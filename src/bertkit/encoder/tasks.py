@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertkit.constants import label_name
+from bertkit.constants import LABELLED_TASKS, label_name
 from bertkit.encoder.config import BertConfig
 from bertkit.families import FAMILIES
 
@@ -99,7 +99,6 @@ class FinetuneTask:
     name: str  # "pair"
     kind: str  # the head it trains (HEADS)
     use: str  # the engine use that runs the result (predict, evaluation)
-    retrieval: bool = False  # a retrieval model (bi-encoder, cross-encoder, SPLADE): `predict` does not run it
 
 
 FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
@@ -107,16 +106,13 @@ FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
     FinetuneTask("pair", "ForSequenceClassification", "classify"),
     FinetuneTask("ner", "ForTokenClassification", "ner"),
     FinetuneTask("qa", "ForQuestionAnswering", "qa"),
-    FinetuneTask("embed", "Model", "embed", retrieval=True),
-    FinetuneTask("rerank", "ForSequenceClassification", "rerank", retrieval=True),
-    FinetuneTask("sparse", "ForMaskedLM", "fill-mask", retrieval=True),  # SPLADE (bertkit.train.sparse)
+    FinetuneTask("embed", "Model", "embed"),
+    FinetuneTask("rerank", "ForSequenceClassification", "rerank"),
+    FinetuneTask("sparse", "ForMaskedLM", "fill-mask"),  # SPLADE (bertkit.train.sparse)
 )}
-# What `bertkit finetune` writes into its output directory beside the model: every setting of the
-# run (the task, lengths, columns), which `bertkit predict` reads as its defaults.
-FINETUNE_CONFIG = "finetune_config.json"
-# The fine-tune tasks that `bertkit predict` runs over a file (the retrieval tasks have their own
-# commands: `bertkit embed`, `index`, `rerank`).
-PREDICT_TASKS = tuple(name for name, t in FINETUNE_TASKS.items() if not t.retrieval)
+# The fine-tune tasks that `bertkit predict` runs over a file: the labelled ones (the retrieval
+# models have their own commands: `bertkit embed`, `index`, `rerank`).
+PREDICT_TASKS = LABELLED_TASKS
 
 
 def kind_of(class_name: str) -> str | None:

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.backend.precision import autocast, resolve_precision
-from bertkit.constants import DISTILL_TASKS, IGNORE_INDEX, TRAINING_PRECISIONS
+from bertkit.constants import DISTILL_TASKS, IGNORE_INDEX
 from bertkit.data.formats.common import pad_batch
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.checkpoint import load_into, read_state_dict
@@ -153,14 +153,8 @@ class DistillConfig:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.alpha_ce + self.alpha_hard + self.alpha_cos == 0:
             problems.append("alpha_ce, alpha_hard and alpha_cos are all 0: nothing to learn")
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr!r}")
-        if not 0 <= self.warmup_ratio < 1:
-            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if self.resume and self.overwrite:
-            problems.append("resume and overwrite exclude each other; pass one")
-        if self.precision not in TRAINING_PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
+        problems += state.run_problems(lr=self.lr, warmup_ratio=self.warmup_ratio, resume=self.resume,
+                                       overwrite=self.overwrite, precision=self.precision)
         if problems:
             raise ValueError("invalid distillation settings: " + "; ".join(problems))
 

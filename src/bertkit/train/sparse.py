@@ -51,8 +51,7 @@ from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_dire
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = FINETUNE_CONFIG
-OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, "eval.json", "steps.jsonl", "modules.json",
+OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json",
            train_state.CHECKPOINTS)
 # Settings a resumed run may change: they do not alter the sequence of updates.
 RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "eval"}
@@ -206,7 +205,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
     config.lr = config.lr or default_lr(BertConfig.from_json(directory).hidden_size)
     resume_from = None
     if config.resume:
-        resume_from = train_state.resume_checkpoint(out, dataclasses.asdict(config), out / CONFIG_FILE,
+        resume_from = train_state.resume_checkpoint(out, dataclasses.asdict(config), out / FINETUNE_CONFIG,
                                                     RESUMABLE_CHANGES)
     elif config.overwrite:
         for name in OUTPUTS:
@@ -233,7 +232,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         step, steps = int(saved["step"]), list(saved["steps"])
         log.info("resuming from %s (step %d of %d)", resume_from, step, total)
     else:
-        atomic_write_json(out / CONFIG_FILE, dataclasses.asdict(config))
+        atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
     model.train()
     for epoch in range(1, config.epochs + 1):
         rng = random.Random(f"{config.seed}:{epoch}")  # the epoch's order and draws, the same on resume

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.data.report import json_lines, read_text
 from bertkit.util.fileio import atomic_path, atomic_write_text, check_writable_output
 
@@ -331,3 +332,19 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def run_problems(*, lr: float | None, warmup_ratio: float, resume: bool, overwrite: bool,
+                 precision: str) -> list[str]:
+    """What is wrong with the settings every training run shares, one message a problem, each
+    naming the value (lr None: the task's own default, nothing to check)."""
+    problems = []
+    if lr is not None and not lr > 0:
+        problems.append(f"lr must be > 0, got {lr!r}")
+    if not 0 <= warmup_ratio < 1:
+        problems.append(f"warmup_ratio must be in [0, 1), got {warmup_ratio!r}")
+    if resume and overwrite:
+        problems.append("resume and overwrite exclude each other; pass one")
+    if precision not in TRAINING_PRECISIONS:
+        problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {precision!r}")
+    return problems

@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from bertkit.constants import FINETUNE_TASKS, TRAINING_PRECISIONS
+from bertkit.constants import FINETUNE_TASKS
 from bertkit.encoder.config import PRESETS
-from bertkit.train import lora
+from bertkit.train import lora, state
 
 # classify, pair, ner, qa (this file's settings), and embed, rerank, sparse (their trainers' own
 # settings take the fields they share with these: `tasks.TaskRow.from_finetune`).
@@ -101,14 +101,8 @@ class FinetuneConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 problems.append(f"{name} must be a positive integer or None, got {value!r}")
-        if self.lr is not None and not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr!r}")
-        if not 0 <= self.warmup_ratio < 1:
-            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if self.resume and self.overwrite:
-            problems.append("resume and overwrite exclude each other; pass one")
-        if self.precision not in TRAINING_PRECISIONS:
-            problems.append(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
+        problems += state.run_problems(lr=self.lr, warmup_ratio=self.warmup_ratio, resume=self.resume,
+                                       overwrite=self.overwrite, precision=self.precision)
         if self.lora is not None:
             try:
                 lora.LoraSpec.parse(self.lora)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.encoder.packing import mean_pool
 from bertkit.train import health
 from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, encode
 from bertkit.util.fileio import atomic_write_json
@@ -66,10 +67,7 @@ def save_extras(model: nn.Module, tokenizer, out: Path, config: RetrievalTrainCo
 
 def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
     """(B, T, H) states + (B, T) mask → (B, H): mean over real tokens ([CLS]/[SEP] included), or [CLS]."""
-    if mode == "cls":
-        return hidden[:, 0]
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
+    return hidden[:, 0] if mode == "cls" else mean_pool(hidden, attention_mask)  # (B, H)
 
 
 def multiple_negatives_ranking_loss(queries: torch.Tensor, candidates: torch.Tensor,

@@ -23,8 +23,7 @@ POOLINGS = TRAINED_POOLINGS
 MINERS = ("bm25", "biencoder", "none")
 LOSSES = ("listwise", "bce")  # rerank losses
 BUILTIN_PREFIX = "builtin:"
-CONFIG_FILE = FINETUNE_CONFIG
-OUTPUTS = ("config.json", "model.safetensors", CONFIG_FILE, "eval.json", "steps.jsonl", "modules.json")
+OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json")
 
 
 @dataclass

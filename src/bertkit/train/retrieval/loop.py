@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health, lora
 from bertkit.train.retrieval import biencoder, crossencoder
 from bertkit.train.retrieval.common import (
     BUILTIN_PREFIX,
-    CONFIG_FILE,
     OUTPUTS,
     RetrievalTrainConfig,
     optimizer_step,
@@ -67,7 +67,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
     schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / CONFIG_FILE, dataclasses.asdict(config))
+    atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
     from tqdm.auto import tqdm
 
     steps, step = [], 0
