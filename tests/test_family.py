@@ -1,4 +1,4 @@
-"""RoBERTa, ALBERT and DistilBERT: parity with transformers, checkpoints both ways, packed path.
+"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT and DistilBERT: parity with transformers, checkpoints both ways, packed path.
 
 Each family is a tiny random transformers model with odd, distinct sizes (nothing downloads),
 saved with save_pretrained and loaded by bertkit; every head's outputs and losses are compared on
@@ -15,6 +15,8 @@ from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClass
 from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
 from bertkit.encoder.packing import Packed
 
+from family_fixtures import FAIRSEQ, PREFIX
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -24,11 +26,10 @@ VOCAB, LENGTH, BATCH = 97, 13, 4
 
 def hf_config(family: str, **extra):
     common = dict(vocab_size=VOCAB, max_position_embeddings=40, initializer_range=0.2, **extra)
-    if family == "roberta":
-        return transformers.RobertaConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
-                                          intermediate_size=37, type_vocab_size=1, pad_token_id=1,
-                                          layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
-                                          attention_probs_dropout_prob=0.0, **common)
+    if family in FAIRSEQ:
+        return getattr(transformers, PREFIX[family] + "Config")(
+            hidden_size=30, num_hidden_layers=3, num_attention_heads=3, intermediate_size=37, type_vocab_size=1,
+            pad_token_id=1, layer_norm_eps=1e-5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
     if family == "albert":
         return transformers.AlbertConfig(embedding_size=14, hidden_size=30, num_hidden_layers=4,
                                          num_hidden_groups=2, inner_group_num=2, num_attention_heads=3,
@@ -40,7 +41,6 @@ def hf_config(family: str, **extra):
                                          **common)
 
 
-PREFIX = {"roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
 FAMILIES = tuple(PREFIX)
 
 
@@ -48,7 +48,7 @@ def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """A right-padded batch of 4 rows, lengths 13, 9, 6, 11; pairs (segment 1 after the middle)
     where the family has segments. Ids avoid the padding id, as real text does."""
     g = torch.Generator().manual_seed(seed)
-    pad = 1 if family == "roberta" else 0
+    pad = 1 if family in FAIRSEQ else 0
     ids = torch.randint(3, VOCAB, (BATCH, LENGTH), generator=g)
     mask = torch.zeros(BATCH, LENGTH, dtype=torch.long)
     types = torch.zeros(BATCH, LENGTH, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""A RoBERTa, an ALBERT and a DistilBERT checkpoint made by transformers go through info,
+"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT and a DistilBERT checkpoint made by transformers go through info,
 fill-mask, embed, finetune and predict, with outputs equal to transformers' on the same files."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 
 FAMILIES = tuple(PREFIX)
-MASK = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]"}
+MASK = {"roberta": "<mask>", "xlm-roberta": "<mask>", "camembert": "<mask>", "albert": "[MASK]",
+        "distilbert": "[MASK]"}
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "A dog ran in the park today."]
 
 

@@ -14,7 +14,7 @@ and the encoder read the same records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 # Where a family's positions come from: a learned table from 0 (BERT), the same table numbered from
@@ -89,6 +89,9 @@ class Family:
     names: NameMap  # tensor names on disk: the encoder's prefix, its layers, the MLM, sentence and task heads
     # Pre-training's default share of masked tokens: BERT's 15%, ModernBERT's 30% (Warner et al. 2024).
     mlm_probability: float = 0.15
+    # The MLM head's activation where the architecture fixes it (fairseq's RobertaLMHead calls exact
+    # GELU whatever hidden_act says); None: hidden_act.
+    mlm_activation: str | None = None
     # The family's config.json keys → the BertConfig fields they are (read in, written back).
     config_keys: Mapping[str, str] = field(default_factory=dict)
     # BertConfig fields the family has no config.json key for, fixed by its architecture.
@@ -99,16 +102,21 @@ class Family:
 
 # ------------------------------------------------------------------------------------ tokenizers
 WORDPIECE = TokenizerLayout("wordpiece", ("vocab.txt",), "BertTokenizer", {})
-# RoBERTa's byte-level BPE: `<s> A </s></s> B </s>`.
-BPE = TokenizerLayout("bpe", ("vocab.json", "merges.txt"), "RobertaTokenizer",
-                      {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
-                       "mask_token": "<mask>"})
+# fairseq's special tokens, which RoBERTa and its SentencePiece descendants keep: `<s> A </s></s> B </s>`.
+_FAIRSEQ_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
+                     "mask_token": "<mask>"}
+# RoBERTa's byte-level BPE.
+BPE = TokenizerLayout("bpe", ("vocab.json", "merges.txt"), "RobertaTokenizer", _FAIRSEQ_SPECIALS)
 # ALBERT's SentencePiece Unigram model: BERT's markers, SentencePiece's padding and unknown.
 UNIGRAM = TokenizerLayout("unigram", ("spiece.model",), "AlbertTokenizer",
                           {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
                            "mask_token": "[MASK]"})
 # ModernBERT ships a tokenizer.json only (OLMo's BPE with BERT's special tokens).
 TOKENIZER_JSON = TokenizerLayout("json", ("tokenizer.json",), "PreTrainedTokenizerFast", {})
+# XLM-RoBERTa's and CamemBERT's SentencePiece Unigram model, read from its tokenizer.json (the
+# sentencepiece.bpe.model beside it is the same model): fairseq's special tokens and pairs.
+XLMR_JSON = TokenizerLayout("json", ("tokenizer.json",), "XLMRobertaTokenizer", _FAIRSEQ_SPECIALS)
+CAMEMBERT_JSON = TokenizerLayout("json", ("tokenizer.json",), "CamembertTokenizer", _FAIRSEQ_SPECIALS)
 
 # ------------------------------------------------------------------------------------ LoRA targets
 _BERT_LORA = {"query": (("qkv", 0),), "key": (("qkv", 1),), "value": (("qkv", 2),),
@@ -132,6 +140,21 @@ _MODERNBERT_DEFAULTS = dict(
     local_attention=128, attention_bias=False, mlp_bias=False, norm_bias=False, decoder_bias=True,
     classifier_bias=False, classifier_activation="gelu", classifier_pooling="cls", classifier_dropout=0.0)
 
+_ROBERTA = Family("roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
+       sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
+       lora_targets=_BERT_LORA, tokenizer=BPE, mlm_activation="gelu",
+       names=NameMap(
+           prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+           qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+           outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+                  ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
+                  ("mlm.bias", "lm_head.bias")),
+           ignored=r"^lm_head\.decoder\.(weight|bias)$",
+           decoder_bias=("lm_head.bias", "lm_head.decoder.bias")))
+# What the configs of RoBERTa's SentencePiece descendants leave out is their transformers config's
+# default: padding is id 1, as fairseq's dictionary numbers it.
+_FAIRSEQ_DEFAULTS = {"pad_token_id": 1}
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
            sequence_classifier="pooler",
@@ -145,17 +168,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                       ("nsp.", "cls.seq_relationship.")),
                ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
                decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias"))),
-    Family("roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
-           sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
-           lora_targets=_BERT_LORA, tokenizer=BPE,
-           names=NameMap(
-               prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-               qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
-               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-                      ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
-                      ("mlm.bias", "lm_head.bias")),
-               ignored=r"^lm_head\.decoder\.(weight|bias)$",
-               decoder_bias=("lm_head.bias", "lm_head.decoder.bias"))),
+    _ROBERTA,
+    # XLM-RoBERTa (Conneau et al. 2020) and CamemBERT (Martin et al. 2020) are RoBERTa trained on
+    # a SentencePiece vocabulary: the same layers and tensor names under their own class names.
+    replace(_ROBERTA, model_type="xlm-roberta", class_prefix="XLMRoberta", tokenizer=XLMR_JSON,
+            defaults=_FAIRSEQ_DEFAULTS),
+    replace(_ROBERTA, model_type="camembert", class_prefix="Camembert", tokenizer=CAMEMBERT_JSON,
+            defaults=_FAIRSEQ_DEFAULTS),
     Family("albert", "Albert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
            sequence_classifier="pooler",
            sentence_head="SOP", layers="bert", shares_layers=True, lora_targets={}, tokenizer=UNIGRAM,
@@ -235,4 +254,4 @@ def tokenizer_layout(tokenizer_class: str | None, model_type: str | None) -> Tok
 
 
 __all__ = ["BPE", "FAMILIES", "Family", "LAYERS", "NameMap", "POSITIONS", "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON",
-           "TokenizerLayout", "UNIGRAM", "WORDPIECE", "family_of", "tokenizer_layout"]
+           "TokenizerLayout", "UNIGRAM", "WORDPIECE", "XLMR_JSON", "CAMEMBERT_JSON", "family_of", "tokenizer_layout"]

@@ -28,7 +28,8 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
   pad_token_id + 1 (fairseq's convention: `config.position_offset`, so 514 position rows give 512
   tokens); one segment type (segment ids are then ignored, as its tokenizers give none); the MLM
   head always uses exact GELU; the sequence classifier is dense → tanh → out_proj on the [CLS]
-  (`<s>`) state, with no pooler. No NSP head.
+  (`<s>`) state, with no pooler. No NSP head. XLM-RoBERTa and CamemBERT are RoBERTa with a
+  SentencePiece vocabulary: the same layers, under their own class names.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -427,9 +428,10 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = nn.Linear(config.hidden_size, config.embedding_dim, bias=config.classifier_bias)
-        # RoBERTa's head calls exact GELU whatever hidden_act says (fairseq's RobertaLMHead);
+        # RoBERTa's head calls exact GELU whatever hidden_act says (the record's mlm_activation);
         # ModernBERT's, its classifier_activation.
-        act = {"roberta": "gelu", "modernbert": config.classifier_activation}.get(config.model_type, config.hidden_act)
+        act = config.classifier_activation if config.is_modernbert else (config.family.mlm_activation
+                                                                         or config.hidden_act)
         self.act = ops.activation(act)
         self.norm = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
