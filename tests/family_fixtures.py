@@ -3,7 +3,7 @@
 `make_checkpoint(family, out_dir)` writes what a user would download: config.json, the weights
 and the tokenizer files transformers saves for that family (RoBERTa: vocab.json + merges.txt +
 tokenizer.json; ALBERT: a Unigram tokenizer.json; XLM-RoBERTa and CamemBERT: a SentencePiece
-Unigram tokenizer.json with fairseq's ids; DistilBERT: vocab.txt + tokenizer.json).
+Unigram tokenizer.json with fairseq's ids; DistilBERT and ERNIE: vocab.txt + tokenizer.json).
 Random weights, tiny sizes; nothing downloads. Used by the tests and the README's examples.
 """
 
@@ -24,7 +24,7 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello to
 SCRIPTS = ["北京是中国的首都。", "مرحبا بالعالم، كيف حالك؟", "Ça va très bien, merci à vous.",
            "Emoji 🙂 and ✨ too."] * 10
 PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "albert": "Albert",
-          "distilbert": "DistilBert"}
+          "distilbert": "DistilBert", "ernie": "Ernie"}
 # RoBERTa and its SentencePiece descendants: fairseq's ids (<s> 0, <pad> 1, </s> 2, <unk> 3).
 FAIRSEQ = ("roberta", "xlm-roberta", "camembert")
 
@@ -97,7 +97,8 @@ def _albert_tokenizer(work: Path):
     return transformers.AutoTokenizer.from_pretrained(albert_tokenizer_dir(work))
 
 
-def _distilbert_tokenizer(work: Path):
+def _wordpiece_tokenizer(work: Path):
+    """BERT's WordPiece (vocab.txt), which DistilBERT and ERNIE use."""
     import transformers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -107,7 +108,7 @@ def _distilbert_tokenizer(work: Path):
     tok.train_from_iterator(CORPUS, trainer)
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     (work / "vocab.txt").write_text("".join(f"{t}\n" for t, _ in vocab), encoding="utf-8")
-    return transformers.DistilBertTokenizer.from_pretrained(work)
+    return transformers.BertTokenizer.from_pretrained(work)
 
 
 def hf_config(family: str, vocab_size: int, **extra):
@@ -122,6 +123,9 @@ def hf_config(family: str, vocab_size: int, **extra):
         return transformers.AlbertConfig(embedding_size=14, hidden_size=36, num_hidden_layers=3,
                                          num_hidden_groups=1, inner_group_num=1, num_attention_heads=3,
                                          intermediate_size=41, **common)
+    if family == "ernie":  # with ERNIE 3.0's task-type table
+        return transformers.ErnieConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
+                                        intermediate_size=41, use_task_id=True, **common)
     return transformers.DistilBertConfig(dim=36, n_layers=2, n_heads=3, hidden_dim=41, **common)
 
 
@@ -134,7 +138,7 @@ def make_checkpoint(family: str, out_dir: str | Path, kind: str = "ForMaskedLM",
         tokenizer = {"roberta": _roberta_tokenizer, "albert": _albert_tokenizer,
                      "xlm-roberta": _sentencepiece_tokenizer("xlm-roberta"),
                      "camembert": _sentencepiece_tokenizer("camembert"),
-                     "distilbert": _distilbert_tokenizer}[family](Path(work))
+                     "distilbert": _wordpiece_tokenizer, "ernie": _wordpiece_tokenizer}[family](Path(work))
     torch.manual_seed(seed)
     model = getattr(transformers, PREFIX[family] + kind)(hf_config(family, len(tokenizer), **extra)).eval()
     model.save_pretrained(out_dir)

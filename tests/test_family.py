@@ -1,4 +1,5 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT and DistilBERT: parity with transformers, checkpoints both ways, packed path.
+"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT, DistilBERT and ERNIE: parity with transformers,
+checkpoints both ways, packed path.
 
 Each family is a tiny random transformers model with odd, distinct sizes (nothing downloads),
 saved with save_pretrained and loaded by bertkit; every head's outputs and losses are compared on
@@ -36,12 +37,18 @@ def hf_config(family: str, **extra):
                                          intermediate_size=37, hidden_act="gelu_new",
                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                          classifier_dropout_prob=0.0, **common)
+    if family == "ernie":  # with ERNIE 3.0's task-type table
+        return transformers.ErnieConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
+                                        intermediate_size=37, use_task_id=True, task_type_vocab_size=3,
+                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
     return transformers.DistilBertConfig(dim=30, n_layers=3, n_heads=3, hidden_dim=37, dropout=0.0,
                                          attention_dropout=0.0, seq_classif_dropout=0.0, qa_dropout=0.0,
                                          **common)
 
 
 FAMILIES = tuple(PREFIX)
+# The families whose pairs carry segment ids 0 / 1.
+PAIRED = ("albert", "ernie")
 
 
 def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -54,7 +61,7 @@ def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     types = torch.zeros(BATCH, LENGTH, dtype=torch.long)
     for row, n in enumerate((13, 9, 6, 11)):
         mask[row, :n] = 1
-        if family == "albert":
+        if family in PAIRED:
             types[row, n // 2:n] = 1
     ids = ids.masked_fill(mask == 0, pad)
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
@@ -207,18 +214,41 @@ def test_question_answering_matches(family, tmp_path):
     round_trip(theirs, ours, tmp_path, family, b)
 
 
-def test_albert_pretraining_mlm_and_sop_match(tmp_path):
-    theirs, ours = both("albert", "ForPreTraining", tmp_path)
-    b = batch("albert")
+def pretraining_matches(family: str, sentence_label: str, sentence_logits: str, tmp_path) -> None:
+    """MLM and the sentence head (ALBERT's SOP, ERNIE's NSP) against transformers' ForPreTraining."""
+    theirs, ours = both(family, "ForPreTraining", tmp_path)
+    b = batch(family)
     labels = b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)
-    order = torch.tensor([0, 1, 1, 0])  # 1 = the two segments were swapped
+    order = torch.tensor([0, 1, 1, 0])  # 1 = the two segments were swapped (SOP) / B is random (NSP)
     with torch.no_grad():
-        ref = theirs(**b, labels=labels, sentence_order_label=order)
+        ref = theirs(**b, labels=labels, **{sentence_label: order})
         out = ours(**b, mlm_labels=labels, nsp_labels=order)
     close(out.mlm_logits, ref.prediction_logits[labels != -100])
-    close(out.nsp_logits, ref.sop_logits)
+    close(out.nsp_logits, getattr(ref, sentence_logits))
     close(out.loss, ref.loss)
-    round_trip(theirs, ours, tmp_path, "albert", b)
+    round_trip(theirs, ours, tmp_path, family, b)
+
+
+def test_albert_pretraining_mlm_and_sop_match(tmp_path):
+    pretraining_matches("albert", "sentence_order_label", "sop_logits", tmp_path)
+
+
+def test_ernie_pretraining_mlm_and_nsp_match(tmp_path):
+    pretraining_matches("ernie", "next_sentence_label", "seq_relationship_logits", tmp_path)
+
+
+def test_ernie_task_type_row_zero_reaches_every_token(tmp_path):
+    """ERNIE 3.0's task-type table: transformers adds row 0 when no task_type_ids are given, and so
+    does bertkit, in the padded and the packed path; without the table the states differ."""
+    theirs, ours = both("ernie", "Model", tmp_path)
+    assert ours.embeddings.task_type_embeddings.weight.shape == (3, 30)
+    b = batch("ernie")
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        ref = theirs(**b, task_type_ids=torch.zeros_like(b["input_ids"])).last_hidden_state
+        close(ours(**b).last_hidden_state[real], ref[real])
+        ours.embeddings.task_type_embeddings.weight[0].zero_()
+        assert float((ours(**b).last_hidden_state[real] - ref[real]).abs().max()) > 1e-3
 
 
 def test_single_segment_roberta_ignores_segment_ids(tmp_path):

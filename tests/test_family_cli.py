@@ -1,5 +1,6 @@
-"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT and a DistilBERT checkpoint made by transformers go through info,
-fill-mask, embed, finetune and predict, with outputs equal to transformers' on the same files."""
+"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT, a DistilBERT and an ERNIE checkpoint made
+by transformers go through info, fill-mask, embed, finetune and predict, with outputs equal to
+transformers' on the same files."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = tuple(PREFIX)
 MASK = {"roberta": "<mask>", "xlm-roberta": "<mask>", "camembert": "<mask>", "albert": "[MASK]",
-        "distilbert": "[MASK]"}
+        "distilbert": "[MASK]", "ernie": "[MASK]"}
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "A dog ran in the park today."]
 
 

@@ -89,6 +89,8 @@ class Family:
     names: NameMap  # tensor names on disk: the encoder's prefix, its layers, the MLM, sentence and task heads
     # Pre-training's default share of masked tokens: BERT's 15%, ModernBERT's 30% (Warner et al. 2024).
     mlm_probability: float = 0.15
+    # A task-type table whose row 0 is added to every token (ERNIE's `use_task_id`, `task_type_vocab_size`).
+    task_types: bool = False
     # The MLM head's activation where the architecture fixes it (fairseq's RobertaLMHead calls exact
     # GELU whatever hidden_act says); None: hidden_act.
     mlm_activation: str | None = None
@@ -140,6 +142,18 @@ _MODERNBERT_DEFAULTS = dict(
     local_attention=128, attention_bias=False, mlp_bias=False, norm_bias=False, decoder_bias=True,
     classifier_bias=False, classifier_activation="gelu", classifier_pooling="cls", classifier_dropout=0.0)
 
+_BERT = Family("bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
+       sequence_classifier="pooler",
+       sentence_head="NSP", layers="bert", shares_layers=False, lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
+       names=NameMap(
+           prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+           qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+           outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+                  ("mlm.transform.", "cls.predictions.transform.dense."),
+                  ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
+                  ("nsp.", "cls.seq_relationship.")),
+           ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
+           decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias")))
 _ROBERTA = Family("roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
        sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
        lora_targets=_BERT_LORA, tokenizer=BPE, mlm_activation="gelu",
@@ -156,18 +170,11 @@ _ROBERTA = Family("roberta", "Roberta", positions="after_padding", segments=True
 _FAIRSEQ_DEFAULTS = {"pad_token_id": 1}
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
-           sequence_classifier="pooler",
-           sentence_head="NSP", layers="bert", shares_layers=False, lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
-           names=NameMap(
-               prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-               qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
-               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-                      ("mlm.transform.", "cls.predictions.transform.dense."),
-                      ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
-                      ("nsp.", "cls.seq_relationship.")),
-               ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
-               decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias"))),
+    _BERT,
+    # ERNIE (Sun et al. 2019; Baidu's ERNIE 3.0 and its Chinese bases) is BERT with a task-type
+    # embedding, under `ernie.`.
+    replace(_BERT, model_type="ernie", class_prefix="Ernie", task_types=True,
+            names=replace(_BERT.names, prefix="ernie.")),
     _ROBERTA,
     # XLM-RoBERTa (Conneau et al. 2020) and CamemBERT (Martin et al. 2020) are RoBERTa trained on
     # a SentencePiece vocabulary: the same layers and tensor names under their own class names.

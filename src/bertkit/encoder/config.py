@@ -1,11 +1,12 @@
 """BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
 
 One config describes every family the encoder implements (`model_type`): `bert`, `roberta`,
-`albert`, `distilbert` and `modernbert`, each a record in `bertkit.families` (`config.family`: its
-positions, segments, pooler, shared layers, key names). The family differences are fields with
-Hugging Face's names:
+`xlm-roberta`, `camembert`, `ernie`, `albert`, `distilbert` and `modernbert`, each a record in
+`bertkit.families` (`config.family`: its positions, segments, pooler, shared layers, key names).
+The family differences are fields with Hugging Face's names:
 `embedding_size`, `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
-positions start after it), `type_vocab_size` (1 for RoBERTa); DistilBERT's own key names (`dim`,
+positions start after it), `type_vocab_size` (1 for RoBERTa), `use_task_id` and
+`task_type_vocab_size` (ERNIE); DistilBERT's own key names (`dim`,
 `n_layers`, `n_heads`, `hidden_dim`, `activation`, `dropout`, `attention_dropout`,
 `seq_classif_dropout`) are read into the BERT fields and written back under its names, and
 ALBERT's `classifier_dropout_prob` is `classifier_dropout`.
@@ -140,6 +141,10 @@ class BertConfig:
     # depths use the same group), each group being inner_group_num layers.
     num_hidden_groups: int = 1
     inner_group_num: int = 1
+    # ERNIE: a table of task_type_vocab_size task types, whose row 0 (transformers' default
+    # task_type_ids) is added to every token when use_task_id (ERNIE 3.0's checkpoints set it).
+    use_task_id: bool = False
+    task_type_vocab_size: int = 3
     # ModernBERT (model_type "modernbert"; the other families keep these defaults, which are what
     # BERT is): each layer's attention, "full_attention" or "sliding_attention".
     layer_types: list[str] | None = None
@@ -370,6 +375,11 @@ class BertConfig:
                     and self.num_hidden_layers % self.num_hidden_groups):
                 problems.append(f"num_hidden_layers {self.num_hidden_layers} is not a multiple of "
                                 f"num_hidden_groups {self.num_hidden_groups}")
+        if self.use_task_id and not family.task_types:
+            problems.append(f"use_task_id is ERNIE's task-type embedding, which model_type {self.model_type!r} "
+                            "does not have; remove it or use model_type 'ernie'")
+        if family.task_types and (not isinstance(self.task_type_vocab_size, int) or self.task_type_vocab_size <= 0):
+            problems.append(f"task_type_vocab_size must be a positive integer, got {self.task_type_vocab_size!r}")
         if family.positions == "after_padding" and self.max_position_embeddings <= self.position_offset:
             problems.append(f"max_position_embeddings {self.max_position_embeddings} leaves no "
                             f"positions after RoBERTa's offset {self.position_offset} (pad_token_id + 1)")
@@ -509,6 +519,9 @@ def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
             values.pop(name)
     if family.model_type != "albert":
         for name in ("embedding_size", "num_hidden_groups", "inner_group_num"):
+            values.pop(name)
+    if not family.task_types:
+        for name in ("use_task_id", "task_type_vocab_size"):
             values.pop(name)
     for theirs, ours in family.config_keys.items():
         if ours in values:

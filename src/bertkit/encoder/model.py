@@ -30,6 +30,8 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
   head always uses exact GELU; the sequence classifier is dense → tanh → out_proj on the [CLS]
   (`<s>`) state, with no pooler. No NSP head. XLM-RoBERTa and CamemBERT are RoBERTa with a
   SentencePiece vocabulary: the same layers, under their own class names.
+- ERNIE (Sun et al. 2019): BERT plus a task-type embedding table (`use_task_id`), whose row 0 is
+  added to every token, as transformers does when no task_type_ids are given.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -167,7 +169,8 @@ def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
 class Embeddings(nn.Module):
     """token + learned position + segment embeddings (width E), then LayerNorm and dropout.
 
-    RoBERTa's positions start at `position_offset`; DistilBERT has no segment table.
+    RoBERTa's positions start at `position_offset`; DistilBERT has no segment table; ERNIE adds
+    a task-type embedding.
     """
 
     def __init__(self, config: BertConfig):
@@ -176,6 +179,9 @@ class Embeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.has_segments else None
+        # ERNIE's task types: every token gets row 0, transformers' default task_type_ids.
+        self.task_type_embeddings = (nn.Embedding(config.task_type_vocab_size, dim) if config.use_task_id
+                                     else None)
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
         self.position_offset = config.position_offset
@@ -197,6 +203,8 @@ class Embeddings(nn.Module):
             if not self.reads_segments:
                 token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (B, T, E)
+        if self.task_type_embeddings is not None:
+            x = x + self.task_type_embeddings.weight[0]  # (E,) broadcast
         return self.dropout(self.norm(x))
 
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -207,6 +215,8 @@ class Embeddings(nn.Module):
             if not self.reads_segments:
                 token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (N, E)
+        if self.task_type_embeddings is not None:
+            x = x + self.task_type_embeddings.weight[0]  # (E,) broadcast
         return self.dropout(self.norm(x))
 
 
