@@ -3,7 +3,7 @@
 `make_checkpoint(family, out_dir)` writes what a user would download: config.json, the weights
 and the tokenizer files transformers saves for that family (RoBERTa: vocab.json + merges.txt +
 tokenizer.json; ALBERT: a Unigram tokenizer.json; XLM-RoBERTa and CamemBERT: a SentencePiece
-Unigram tokenizer.json with fairseq's ids; DistilBERT and ERNIE: vocab.txt + tokenizer.json).
+Unigram tokenizer.json with fairseq's ids; DistilBERT, ERNIE and ELECTRA: vocab.txt + tokenizer.json).
 Random weights, tiny sizes; nothing downloads. Used by the tests and the README's examples.
 """
 
@@ -24,7 +24,7 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello to
 SCRIPTS = ["北京是中国的首都。", "مرحبا بالعالم، كيف حالك؟", "Ça va très bien, merci à vous.",
            "Emoji 🙂 and ✨ too."] * 10
 PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "albert": "Albert",
-          "distilbert": "DistilBert", "ernie": "Ernie"}
+          "distilbert": "DistilBert", "ernie": "Ernie", "electra": "Electra"}
 # RoBERTa and its SentencePiece descendants: fairseq's ids (<s> 0, <pad> 1, </s> 2, <unk> 3).
 FAIRSEQ = ("roberta", "xlm-roberta", "camembert")
 
@@ -98,7 +98,7 @@ def _albert_tokenizer(work: Path):
 
 
 def _wordpiece_tokenizer(work: Path):
-    """BERT's WordPiece (vocab.txt), which DistilBERT and ERNIE use."""
+    """BERT's WordPiece (vocab.txt), which DistilBERT, ERNIE and ELECTRA use."""
     import transformers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -126,6 +126,9 @@ def hf_config(family: str, vocab_size: int, **extra):
     if family == "ernie":  # with ERNIE 3.0's task-type table
         return transformers.ErnieConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
                                         intermediate_size=41, use_task_id=True, **common)
+    if family == "electra":  # embeddings narrower than the layers, as ELECTRA-small's generator
+        return transformers.ElectraConfig(embedding_size=14, hidden_size=36, num_hidden_layers=2,
+                                          num_attention_heads=3, intermediate_size=41, **common)
     return transformers.DistilBertConfig(dim=36, n_layers=2, n_heads=3, hidden_dim=41, **common)
 
 
@@ -138,7 +141,8 @@ def make_checkpoint(family: str, out_dir: str | Path, kind: str = "ForMaskedLM",
         tokenizer = {"roberta": _roberta_tokenizer, "albert": _albert_tokenizer,
                      "xlm-roberta": _sentencepiece_tokenizer("xlm-roberta"),
                      "camembert": _sentencepiece_tokenizer("camembert"),
-                     "distilbert": _wordpiece_tokenizer, "ernie": _wordpiece_tokenizer}[family](Path(work))
+                     "distilbert": _wordpiece_tokenizer, "ernie": _wordpiece_tokenizer,
+                     "electra": _wordpiece_tokenizer}[family](Path(work))
     torch.manual_seed(seed)
     model = getattr(transformers, PREFIX[family] + kind)(hf_config(family, len(tokenizer), **extra)).eval()
     model.save_pretrained(out_dir)

@@ -28,7 +28,7 @@ from bertkit.train import lora
 SRC = Path(bertkit.__file__).parent
 # The rooms that may name a family: the records, and the encoder that builds each family's layers.
 ALLOWED = ("families.py", "encoder/")
-NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie"}
+NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie", "electra"}
 
 
 # ------------------------------------------------------------------------------------------- (a)
@@ -128,12 +128,18 @@ def test_the_record_is_what_the_encoder_builds(model_type):
     table = getattr(encoder.embeddings, "position_embeddings", None)
     assert (table is None) == (family.positions == "rotary")
     assert config.position_offset == (config.pad_token_id + 1 if family.positions == "after_padding" else 0)
+    projects = family.embedding_projection == "always" or (family.embedding_projection == "if_differs"
+                                                             and config.embedding_dim != config.hidden_size)
+    assert (encoder.embed_proj is not None) == projects
     pretraining = BertForPreTraining(config)
     assert (pretraining.nsp is not None) == (family.sentence_head is not None)
     assert architecture_name("BertForPreTraining", config) == family.class_prefix + (
         "ForPreTraining" if family.sentence_head else "ForMaskedLM")
     classifier = BertForSequenceClassification(config)
-    built = {"pooler": classifier.bert.pooler, "dense_tanh": getattr(classifier.classifier, "out_proj", None),
+    dense = getattr(classifier.classifier, "out_proj", None)
+    activation = getattr(classifier.classifier, "activation", None)
+    built = {"pooler": classifier.bert.pooler, "dense_tanh": dense if activation == "tanh" else None,
+             "dense_gelu": dense if activation == "gelu" else None,
              "pre_classifier": classifier.pre_classifier, "prediction_head": classifier.head}
     assert [kind for kind, module in built.items() if module is not None] == [family.sequence_classifier]
 

@@ -1,4 +1,4 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT, DistilBERT and ERNIE: parity with transformers,
+"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT, DistilBERT, ERNIE and ELECTRA: parity with transformers,
 checkpoints both ways, packed path.
 
 Each family is a tiny random transformers model with odd, distinct sizes (nothing downloads),
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from bertkit.encoder.config import BertConfig
-from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.encoder.heads import model_class
 from bertkit.encoder.packing import Packed
+from bertkit.encoder.tasks import kind_of
 
 from family_fixtures import FAIRSEQ, PREFIX
 
@@ -41,6 +41,10 @@ def hf_config(family: str, **extra):
         return transformers.ErnieConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
                                         intermediate_size=37, use_task_id=True, task_type_vocab_size=3,
                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+    if family == "electra":  # embeddings of width 14 projected to 30
+        return transformers.ElectraConfig(**{"embedding_size": 14, **common}, hidden_size=30, num_hidden_layers=3,
+                                          num_attention_heads=3, intermediate_size=37, hidden_dropout_prob=0.0,
+                                          attention_probs_dropout_prob=0.0)
     return transformers.DistilBertConfig(dim=30, n_layers=3, n_heads=3, hidden_dim=37, dropout=0.0,
                                          attention_dropout=0.0, seq_classif_dropout=0.0, qa_dropout=0.0,
                                          **common)
@@ -48,7 +52,9 @@ def hf_config(family: str, **extra):
 
 FAMILIES = tuple(PREFIX)
 # The families whose pairs carry segment ids 0 / 1.
-PAIRED = ("albert", "ernie")
+PAIRED = ("albert", "ernie", "electra")
+# The families without a pooler.
+NO_POOLER = ("distilbert", "electra")
 
 
 def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -76,10 +82,7 @@ def both(family: str, kind: str, tmp_path, **config_extra):
     torch.manual_seed(0)
     theirs = getattr(transformers, PREFIX[family] + kind)(hf_config(family, **config_extra)).eval()
     theirs.save_pretrained(tmp_path / "hf")
-    ours_class = {"Model": BertModel, "ForMaskedLM": BertForMaskedLM, "ForPreTraining": BertForPreTraining,
-                  "ForSequenceClassification": BertForSequenceClassification,
-                  "ForTokenClassification": BertForTokenClassification,
-                  "ForQuestionAnswering": BertForQuestionAnswering}[kind]
+    ours_class = model_class(kind_of(PREFIX[family] + kind))  # ElectraForPreTraining: the discriminator
     ours = ours_class.from_pretrained(tmp_path / "hf")
     assert ours.config.model_type == family
     assert not ours.load_report.missing and not ours.load_report.unexpected, ours.load_report
@@ -114,7 +117,7 @@ def test_base_model_matches_and_round_trips(family, tmp_path):
         out = ours(**b)
     real = b["attention_mask"].bool()
     close(out.last_hidden_state[real], ref.last_hidden_state[real])
-    if family == "distilbert":
+    if family in NO_POOLER:
         assert out.pooler_output is None
     else:
         close(out.pooler_output, ref.pooler_output)
@@ -251,6 +254,36 @@ def test_ernie_task_type_row_zero_reaches_every_token(tmp_path):
         assert float((ours(**b).last_hidden_state[real] - ref[real]).abs().max()) > 1e-3
 
 
+def test_electra_discriminator_matches(tmp_path):
+    """ElectraForPreTraining is the discriminator: one replaced-token logit per token, its loss the
+    binary cross-entropy over real tokens; padded and packed, and back to transformers."""
+    theirs, ours = both("electra", "ForPreTraining", tmp_path)
+    assert type(ours).__name__ == "BertForReplacedTokenDetection"
+    b = batch("electra")
+    labels = b["input_ids"] % 2  # 1 = replaced
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        ref = theirs(**b, labels=labels)
+        out = ours(**b, labels=labels)
+        packed = ours.forward_packed(b["input_ids"][real], b["token_type_ids"][real],
+                                     Packed.from_lengths(b["attention_mask"].sum(1).tolist()))
+    close(out.logits[real], ref.logits[real])
+    close(out.loss, ref.loss)
+    close(packed.logits, ref.logits[real])
+    round_trip(theirs, ours, tmp_path, "electra", b)
+
+
+def test_electra_without_projection_where_the_widths_agree(tmp_path):
+    """ELECTRA-base and -large have embedding_size = hidden_size: no embeddings_project either side."""
+    theirs, ours = both("electra", "ForMaskedLM", tmp_path, embedding_size=30)
+    assert ours.bert.embed_proj is None and not hasattr(theirs.electra, "embeddings_project")
+    b = batch("electra")
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        close(ours(**b).logits[real], theirs(**b).logits[real])
+    round_trip(theirs, ours, tmp_path, "electra", b)
+
+
 def test_single_segment_roberta_ignores_segment_ids(tmp_path):
     """BERT-style pair encoders mark segment B with 1s; RoBERTa (one type) adds row 0 regardless."""
     _, ours = both("roberta", "Model", tmp_path)
@@ -299,7 +332,7 @@ def test_configs_round_trip_under_their_own_keys(tmp_path):
         config.save(tmp_path / f"{family}-ours")
         theirs = json.loads((tmp_path / family / "config.json").read_text())
         again = json.loads((tmp_path / f"{family}-ours" / "config.json").read_text())
-        for key in ("dim", "n_layers", "n_heads", "hidden_dim", "embedding_size", "num_hidden_groups",
+        for key in ("dim", "n_layers", "n_heads", "hidden_dim", "embedding_size", "num_hidden_groups", "use_task_id",
                     "inner_group_num", "classifier_dropout_prob", "type_vocab_size", "pad_token_id"):
             assert theirs.get(key) == again.get(key), (family, key)
     distil = BertConfig.from_json(tmp_path / "distilbert")

@@ -1,4 +1,4 @@
-"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT, a DistilBERT and an ERNIE checkpoint made
+"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT, a DistilBERT, an ERNIE and an ELECTRA checkpoint made
 by transformers go through info, fill-mask, embed, finetune and predict, with outputs equal to
 transformers' on the same files."""
 
@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = tuple(PREFIX)
 MASK = {"roberta": "<mask>", "xlm-roberta": "<mask>", "camembert": "<mask>", "albert": "[MASK]",
-        "distilbert": "[MASK]", "ernie": "[MASK]"}
+        "distilbert": "[MASK]", "ernie": "[MASK]", "electra": "[MASK]"}
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "A dog ran in the park today."]
 
 
@@ -60,14 +60,18 @@ def test_fill_mask_equals_transformers(family, checkpoints):
 def test_embed_equals_transformers_mean_pooling(family, checkpoints):
     directory = checkpoints[family]
     ours = torch.as_tensor(embed(directory, TEXTS, pooling="mean", normalize=False))
+    assert float((ours - transformers_mean_embedding(directory)).abs().max()) <= 1e-5
+
+
+def transformers_mean_embedding(directory) -> torch.Tensor:
+    """(len(TEXTS), H): transformers' AutoModel over TEXTS, mean-pooled over real tokens."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.AutoModel.from_pretrained(directory).eval()
     inputs = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**inputs).last_hidden_state
     mask = inputs["attention_mask"].unsqueeze(-1).float()
-    theirs = (hidden * mask).sum(1) / mask.sum(1)
-    assert float((ours - theirs).abs().max()) <= 1e-5
+    return (hidden * mask).sum(1) / mask.sum(1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -142,3 +146,18 @@ def test_finetune_max_length_counts_roberta_position_offset(checkpoints, tmp_pat
                  "--out", str(tmp_path / "m"), "--max-length", str(positions), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"limit of {positions - 2} tokens" in err and f"--max-length {positions - 2}" in err
+
+
+def test_electra_discriminator_directory_shows_and_embeds(tmp_path, capsys):
+    """An ElectraForPreTraining directory (the discriminator) is no MLM: `info` names it, and it is
+    served as an encoder whose embeddings equal transformers' ElectraModel's."""
+    from bertkit.encoder.tasks import use_of
+
+    directory = make_checkpoint("electra", tmp_path / "disc", kind="ForPreTraining")
+    assert main(["info", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "ElectraForPreTraining" in out and "discriminator_predictions head" in out
+    assert "embedding projection (14 → 36)" in out
+    assert use_of(directory) == "embed"
+    ours = torch.as_tensor(embed(directory, TEXTS, pooling="mean", normalize=False))
+    assert float((ours - transformers_mean_embedding(directory)).abs().max()) <= 1e-5

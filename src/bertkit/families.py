@@ -22,9 +22,12 @@ from typing import Mapping
 # positions in every layer's attention, with no table (ModernBERT).
 POSITIONS = ("absolute", "after_padding", "rotary")
 # What the sequence classifier reads the [CLS] state through (`encoder/heads.py` says how each runs):
-# BERT's pooler, RoBERTa's dense → tanh → out_proj, DistilBERT's pre_classifier → ReLU, or
-# ModernBERT's prediction head (dense → act → LayerNorm).
-SEQUENCE_CLASSIFIERS = ("pooler", "dense_tanh", "pre_classifier", "prediction_head")
+# BERT's pooler, RoBERTa's dense → tanh → out_proj, ELECTRA's dense → GELU → out_proj,
+# DistilBERT's pre_classifier → ReLU, or ModernBERT's prediction head (dense → act → LayerNorm).
+SEQUENCE_CLASSIFIERS = ("pooler", "dense_tanh", "dense_gelu", "pre_classifier", "prediction_head")
+# When the embeddings (width embedding_size) are projected to hidden_size before the first layer:
+# never (the tables are hidden_size wide), always (ALBERT), or where the widths differ (ELECTRA).
+EMBEDDING_PROJECTIONS = (None, "always", "if_differs")
 # The encoder layers a family runs: BERT's post-LayerNorm layers (`encoder/model.py`) or ModernBERT's
 # pre-LN, rotary, GeGLU, local–global ones (`encoder/modern.py`).
 LAYERS = ("bert", "modern")
@@ -89,6 +92,11 @@ class Family:
     names: NameMap  # tensor names on disk: the encoder's prefix, its layers, the MLM, sentence and task heads
     # Pre-training's default share of masked tokens: BERT's 15%, ModernBERT's 30% (Warner et al. 2024).
     mlm_probability: float = 0.15
+    # One of EMBEDDING_PROJECTIONS; embedding_size is a config field only where there is one.
+    embedding_projection: str | None = None
+    # transformers' head names (after the class prefix) that are another bertkit kind than their
+    # name says (`encoder/tasks.py`'s HEADS): ELECTRA's ForPreTraining is its discriminator.
+    head_kinds: Mapping[str, str] = field(default_factory=dict)
     # A task-type table whose row 0 is added to every token (ERNIE's `use_task_id`, `task_type_vocab_size`).
     task_types: bool = False
     # The MLM head's activation where the architecture fixes it (fairseq's RobertaLMHead calls exact
@@ -198,8 +206,25 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                       ("mlm.bias", "predictions.bias"), ("nsp.", "sop_classifier.classifier.")),
                ignored=r"^predictions\.decoder\.(weight|bias)$",
                decoder_bias=("predictions.bias", "predictions.decoder.bias")),
-           config_keys={"classifier_dropout_prob": "classifier_dropout"},
+           config_keys={"classifier_dropout_prob": "classifier_dropout"}, embedding_projection="always",
            defaults={"embedding_size": 128}),
+    # ELECTRA (Clark et al. 2020): BERT's layers under `electra.`, embeddings of width embedding_size
+    # projected where it is not hidden_size, no pooler; the discriminator (ElectraForPreTraining)
+    # scores every token as replaced or not, the generator (ElectraForMaskedLM) is an MLM whose
+    # head maps H back to E; its sequence classifier is dense → GELU → out_proj on the first token.
+    Family("electra", "Electra", positions="absolute", segments=True, pooler=False, ignores_segment_ids=False,
+           sequence_classifier="dense_gelu", sentence_head=None, layers="bert", shares_layers=False,
+           lora_targets=_BERT_LORA, tokenizer=WORDPIECE, mlm_activation="gelu", embedding_projection="if_differs",
+           head_kinds={"ForPreTraining": "ForReplacedTokenDetection"},
+           names=NameMap(
+               prefix="electra.", base_roots=("embeddings.", "embeddings_project.", "encoder."),
+               layer=r"encoder\.layer\.(\d+)\.", qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("embed_proj.", "embeddings_project."),
+                      ("mlm.transform.", "generator_predictions.dense."),
+                      ("mlm.norm.", "generator_predictions.LayerNorm."), ("mlm.bias", "generator_lm_head.bias")),
+               ignored=r"^generator_lm_head\.weight$"),
+           # transformers' ElectraConfig defaults where they are not BERT's (ELECTRA-small's generator).
+           defaults={"embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}),
     Family("distilbert", "DistilBert", positions="absolute", segments=False, pooler=False, ignores_segment_ids=False,
            sequence_classifier="pre_classifier", sentence_head=None, layers="bert", shares_layers=False,
            lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
@@ -260,5 +285,6 @@ def tokenizer_layout(tokenizer_class: str | None, model_type: str | None) -> Tok
     return FAMILIES[model_type].tokenizer if model_type in FAMILIES else WORDPIECE
 
 
-__all__ = ["BPE", "FAMILIES", "Family", "LAYERS", "NameMap", "POSITIONS", "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON",
-           "TokenizerLayout", "UNIGRAM", "WORDPIECE", "XLMR_JSON", "CAMEMBERT_JSON", "family_of", "tokenizer_layout"]
+__all__ = ["BPE", "CAMEMBERT_JSON", "EMBEDDING_PROJECTIONS", "FAMILIES", "Family", "LAYERS", "NameMap", "POSITIONS",
+           "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON", "TokenizerLayout", "UNIGRAM", "WORDPIECE", "XLMR_JSON",
+           "family_of", "tokenizer_layout"]

@@ -32,6 +32,11 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
   SentencePiece vocabulary: the same layers, under their own class names.
 - ERNIE (Sun et al. 2019): BERT plus a task-type embedding table (`use_task_id`), whose row 0 is
   added to every token, as transformers does when no task_type_ids are given.
+- ELECTRA (Clark et al. 2020): BERT's layers; embeddings of width E projected to H by
+  `embed_proj` (`embeddings_project` on disk) where E ≠ H; no pooler. The generator's MLM head
+  maps H back to E (exact GELU), its decoder the tied (V, E) table; the discriminator
+  (`heads.BertForReplacedTokenDetection`) and the sequence classifier (dense → GELU → out_proj)
+  are task heads. No NSP head.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -47,7 +52,7 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
 Dimension letters used in shape comments:
   B batch, T sequence length, H hidden size, nh heads, hs head size (H / nh), I FFN size,
   N real (non-padding) tokens in the batch, M selected MLM positions, V vocabulary,
-  E embedding width (ALBERT's embedding_size; H for the others).
+  E embedding width (ALBERT's and ELECTRA's embedding_size; H for the others).
 """
 
 from __future__ import annotations
@@ -299,15 +304,15 @@ class EncoderLayer(nn.Module):
 
 
 class BertModel(PretrainedMixin, nn.Module):
-    """Embeddings → (ALBERT: E → H projection) → L encoder layers → (optional) tanh pooler on [CLS]."""
+    """Embeddings → (ALBERT, ELECTRA: E → H projection) → L encoder layers → (optional) tanh pooler on [CLS]."""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = modern.Embeddings(config) if config.is_modernbert else Embeddings(config)
-        # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H.
-        self.embed_proj = (nn.Linear(config.embedding_dim, config.hidden_size)
-                           if config.model_type == "albert" else None)
+        # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H;
+        # ELECTRA's embeddings_project exists where E differs from H.
+        self.embed_proj = nn.Linear(config.embedding_dim, config.hidden_size) if config.has_embed_proj else None
         if config.is_modernbert:
             self.layers = nn.ModuleList(modern.EncoderLayer(config, i) for i in range(config.num_layer_weights))
         else:
