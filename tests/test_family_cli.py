@@ -161,3 +161,32 @@ def test_electra_discriminator_directory_shows_and_embeds(tmp_path, capsys):
     assert use_of(directory) == "embed"
     ours = torch.as_tensor(embed(directory, TEXTS, pooling="mean", normalize=False))
     assert float((ours - transformers_mean_embedding(directory)).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_commands_run_each_head_of_the_family(family, checkpoints, tmp_path, capsys):
+    """`bertkit classify`, `ner`, `qa`, `embed` and `fill-mask` on transformers-made heads of the
+    family: each answers, and classify's probabilities equal transformers' on the same files (embed's
+    vectors are compared with transformers' by `test_embed_equals_transformers_mean_pooling`)."""
+    text = "Paris is the capital of France."
+    classifier = make_checkpoint(family, tmp_path / "cls", kind="ForSequenceClassification", num_labels=3,
+                                 id2label={0: "neg", 1: "neu", 2: "pos"})
+    assert main(["classify", str(classifier), "--json", text]) == 0
+    scores = json.loads(capsys.readouterr().out)["scores"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(classifier)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(classifier).eval()
+    with torch.no_grad():
+        probs = model(**tokenizer([text], return_tensors="pt")).logits.softmax(-1)[0]
+    assert max(abs(scores[name] - float(p)) for name, p in zip(("neg", "neu", "pos"), probs)) <= 1e-5
+    tagger = make_checkpoint(family, tmp_path / "ner", kind="ForTokenClassification", num_labels=3,
+                             id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})
+    assert main(["ner", str(tagger), "--json", text]) == 0
+    assert "entities" in json.loads(capsys.readouterr().out)
+    reader = make_checkpoint(family, tmp_path / "qa", kind="ForQuestionAnswering")
+    assert main(["qa", str(reader), "--json", "--question", "What is the capital?", "--context", text]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"]
+    assert main(["embed", str(classifier), "--json", *TEXTS]) == 0
+    vectors = [json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()]
+    assert len(vectors) == len(TEXTS)
+    assert main(["fill-mask", str(checkpoints[family]), "--json", f"Paris is the {MASK[family]} of France."]) == 0
+    assert capsys.readouterr().out.strip()

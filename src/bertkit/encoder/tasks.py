@@ -83,7 +83,8 @@ class Use:
 USES: dict[str, Use] = {u.name: u for u in (
     Use("embed", "Model", "any BERT-family checkpoint", ()),
     Use("fill-mask", "ForMaskedLM", "a masked-LM head (made by `bertkit pretrain`, or a Hugging Face "
-        "…ForMaskedLM / …ForPreTraining checkpoint of BERT, RoBERTa, ALBERT or DistilBERT)",
+        "…ForMaskedLM checkpoint, or a …ForPreTraining one of a family with a sentence head: BERT, ERNIE, "
+        "ALBERT; ELECTRA's …ForPreTraining is its discriminator, its generator the …ForMaskedLM)",
         ("fill-mask", "embed_sparse")),  # embed_sparse: SPLADE term weights from the MLM logits
     Use("classify", "ForSequenceClassification", "a sequence-classification head (made by `bertkit "
         "finetune --task classify|pair`)", ("predict",)),
