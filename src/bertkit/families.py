@@ -150,29 +150,32 @@ _MODERNBERT_DEFAULTS = dict(
     local_attention=128, attention_bias=False, mlp_bias=False, norm_bias=False, decoder_bias=True,
     classifier_bias=False, classifier_activation="gelu", classifier_pooling="cls", classifier_dropout=0.0)
 
-_BERT = Family("bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
-       sequence_classifier="pooler",
-       sentence_head="NSP", layers="bert", shares_layers=False, lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
-       names=NameMap(
-           prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-           qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
-           outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-                  ("mlm.transform.", "cls.predictions.transform.dense."),
-                  ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
-                  ("nsp.", "cls.seq_relationship.")),
-           ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
-           decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias")))
-_ROBERTA = Family("roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
-       sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
-       lora_targets=_BERT_LORA, tokenizer=BPE, mlm_activation="gelu",
-       names=NameMap(
-           prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-           qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
-           outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-                  ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
-                  ("mlm.bias", "lm_head.bias")),
-           ignored=r"^lm_head\.decoder\.(weight|bias)$",
-           decoder_bias=("lm_head.bias", "lm_head.decoder.bias")))
+# BERT's record, and RoBERTa's: others are these with a few fields replaced.
+_BERT = Family(
+    "bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
+    sequence_classifier="pooler", sentence_head="NSP", layers="bert", shares_layers=False,
+    lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
+    names=NameMap(
+        prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+        qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+               ("mlm.transform.", "cls.predictions.transform.dense."),
+               ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
+               ("nsp.", "cls.seq_relationship.")),
+        ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
+        decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias")))
+_ROBERTA = Family(
+    "roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
+    sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
+    lora_targets=_BERT_LORA, tokenizer=BPE, mlm_activation="gelu",
+    names=NameMap(
+        prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+        qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+               ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
+               ("mlm.bias", "lm_head.bias")),
+        ignored=r"^lm_head\.decoder\.(weight|bias)$",
+        decoder_bias=("lm_head.bias", "lm_head.decoder.bias")))
 # What the configs of RoBERTa's SentencePiece descendants leave out is their transformers config's
 # default: padding is id 1, as fairseq's dictionary numbers it.
 _FAIRSEQ_DEFAULTS = {"pad_token_id": 1}
