@@ -1,8 +1,9 @@
-"""Checkpoints of RoBERTa, ALBERT and DistilBERT made by transformers, with tokenizers trained here.
+"""Checkpoints of the families made by transformers, with tokenizers trained here.
 
 `make_checkpoint(family, out_dir)` writes what a user would download: config.json, the weights
 and the tokenizer files transformers saves for that family (RoBERTa: vocab.json + merges.txt +
-tokenizer.json; ALBERT: a Unigram tokenizer.json; DistilBERT: vocab.txt + tokenizer.json).
+tokenizer.json; ALBERT: a Unigram tokenizer.json; XLM-RoBERTa and CamemBERT: a SentencePiece
+Unigram tokenizer.json with fairseq's ids; DistilBERT, ERNIE and ELECTRA: vocab.txt + tokenizer.json).
 Random weights, tiny sizes; nothing downloads. Used by the tests and the README's examples.
 """
 
@@ -19,7 +20,13 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello to
           "Paris is the capital of France.", "Berlin is the capital of Germany.",
           "The cat sat on the mat.", "A dog ran in the park.", "Sentence order prediction swaps segments.",
           "Byte-level BPE handles accents: café, naïve, Zürich."] * 10
-PREFIX = {"roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
+# Text in several scripts for the multilingual vocabularies.
+SCRIPTS = ["北京是中国的首都。", "مرحبا بالعالم، كيف حالك؟", "Ça va très bien, merci à vous.",
+           "Emoji 🙂 and ✨ too."] * 10
+PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "albert": "Albert",
+          "distilbert": "DistilBert", "ernie": "Ernie", "electra": "Electra"}
+# RoBERTa and its SentencePiece descendants: fairseq's ids (<s> 0, <pad> 1, </s> 2, <unk> 3).
+FAIRSEQ = ("roberta", "xlm-roberta", "camembert")
 
 
 def _roberta_tokenizer(work: Path):
@@ -55,13 +62,43 @@ def albert_tokenizer_dir(work: Path, corpus=CORPUS, vocab_size: int = 150) -> Pa
     return work
 
 
+def sentencepiece_tokenizer_dir(work: Path, tokenizer_class: str = "XLMRobertaTokenizer",
+                                corpus=CORPUS + SCRIPTS, vocab_size: int = 200) -> Path:
+    """An XLM-RoBERTa-style (or CamemBERT) Unigram tokenizer.json trained on `corpus`, in `work`:
+    fairseq's ids (<s> <pad> </s> <unk> first, <mask> last), `<s> A </s></s> B </s>`, the
+    pipeline transformers' class builds (no normaliser without spiece.model's charsmap)."""
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                      special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s>:0 $A:0 </s>:0", pair="<s>:0 $A:0 </s>:0 </s>:0 $B:0 </s>:0",
+        special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))])
+    tok.save(str(work / "tokenizer.json"))
+    (work / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
+    return work
+
+
+def _sentencepiece_tokenizer(family: str):
+    def build(work: Path):
+        import transformers
+
+        directory = sentencepiece_tokenizer_dir(work, PREFIX[family] + "Tokenizer")
+        return transformers.AutoTokenizer.from_pretrained(directory)
+    return build
+
+
 def _albert_tokenizer(work: Path):
     import transformers
 
     return transformers.AutoTokenizer.from_pretrained(albert_tokenizer_dir(work))
 
 
-def _distilbert_tokenizer(work: Path):
+def _wordpiece_tokenizer(work: Path):
+    """BERT's WordPiece (vocab.txt), which DistilBERT, ERNIE and ELECTRA use."""
     import transformers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -71,21 +108,27 @@ def _distilbert_tokenizer(work: Path):
     tok.train_from_iterator(CORPUS, trainer)
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     (work / "vocab.txt").write_text("".join(f"{t}\n" for t, _ in vocab), encoding="utf-8")
-    return transformers.DistilBertTokenizer.from_pretrained(work)
+    return transformers.BertTokenizer.from_pretrained(work)
 
 
 def hf_config(family: str, vocab_size: int, **extra):
     import transformers
 
     common = dict(vocab_size=vocab_size, max_position_embeddings=66, **extra)
-    if family == "roberta":
-        return transformers.RobertaConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
-                                          intermediate_size=41, type_vocab_size=1, pad_token_id=1,
-                                          layer_norm_eps=1e-5, **common)
+    if family in FAIRSEQ:
+        return getattr(transformers, PREFIX[family] + "Config")(
+            hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=41, type_vocab_size=1,
+            pad_token_id=1, layer_norm_eps=1e-5, **common)
     if family == "albert":
         return transformers.AlbertConfig(embedding_size=14, hidden_size=36, num_hidden_layers=3,
                                          num_hidden_groups=1, inner_group_num=1, num_attention_heads=3,
                                          intermediate_size=41, **common)
+    if family == "ernie":  # with ERNIE 3.0's task-type table
+        return transformers.ErnieConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
+                                        intermediate_size=41, use_task_id=True, **common)
+    if family == "electra":  # embeddings narrower than the layers, as ELECTRA-small's generator
+        return transformers.ElectraConfig(embedding_size=14, hidden_size=36, num_hidden_layers=2,
+                                          num_attention_heads=3, intermediate_size=41, **common)
     return transformers.DistilBertConfig(dim=36, n_layers=2, n_heads=3, hidden_dim=41, **common)
 
 
@@ -96,7 +139,10 @@ def make_checkpoint(family: str, out_dir: str | Path, kind: str = "ForMaskedLM",
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as work:
         tokenizer = {"roberta": _roberta_tokenizer, "albert": _albert_tokenizer,
-                     "distilbert": _distilbert_tokenizer}[family](Path(work))
+                     "xlm-roberta": _sentencepiece_tokenizer("xlm-roberta"),
+                     "camembert": _sentencepiece_tokenizer("camembert"),
+                     "distilbert": _wordpiece_tokenizer, "ernie": _wordpiece_tokenizer,
+                     "electra": _wordpiece_tokenizer}[family](Path(work))
     torch.manual_seed(seed)
     model = getattr(transformers, PREFIX[family] + kind)(hf_config(family, len(tokenizer), **extra)).eval()
     model.save_pretrained(out_dir)

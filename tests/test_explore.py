@@ -258,11 +258,13 @@ def test_cli_prints_the_url_and_serves_the_page(dirs):
     assert status == 0, "".join(lines) + proc.stdout.read()
 
 
-@pytest.mark.parametrize("family", ["roberta", "albert", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "albert", "distilbert", "xlm-roberta", "camembert", "ernie",
+                                    "electra"])
 def test_every_family_explores_with_transformers_attention(family, tmp_path):
-    """The views over RoBERTa (position offset), ALBERT (E → H, shared layers) and DistilBERT (no
-    segments): attention equal to transformers' `output_attentions`, the embedding step equal to
-    the Embeddings module, fill-mask through the library."""
+    """The views over RoBERTa and its SentencePiece descendants (position offset), ALBERT (E → H,
+    shared layers), DistilBERT (no segments), ERNIE (task-type row) and ELECTRA (E → H): attention
+    equal to transformers' `output_attentions`, the embedding step equal to the Embeddings module,
+    fill-mask through the library."""
     from family_fixtures import PREFIX, make_checkpoint
 
     directory = make_checkpoint(family, tmp_path / family)

@@ -28,7 +28,7 @@ from bertkit.train import lora
 SRC = Path(bertkit.__file__).parent
 # The rooms that may name a family: the records, and the encoder that builds each family's layers.
 ALLOWED = ("families.py", "encoder/")
-NAMES = {"albert", "roberta", "distilbert", "modernbert"}
+NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie", "electra"}
 
 
 # ------------------------------------------------------------------------------------------- (a)
@@ -128,12 +128,18 @@ def test_the_record_is_what_the_encoder_builds(model_type):
     table = getattr(encoder.embeddings, "position_embeddings", None)
     assert (table is None) == (family.positions == "rotary")
     assert config.position_offset == (config.pad_token_id + 1 if family.positions == "after_padding" else 0)
+    projects = family.embedding_projection == "always" or (family.embedding_projection == "if_differs"
+                                                             and config.embedding_dim != config.hidden_size)
+    assert (encoder.embed_proj is not None) == projects
     pretraining = BertForPreTraining(config)
     assert (pretraining.nsp is not None) == (family.sentence_head is not None)
     assert architecture_name("BertForPreTraining", config) == family.class_prefix + (
         "ForPreTraining" if family.sentence_head else "ForMaskedLM")
     classifier = BertForSequenceClassification(config)
-    built = {"pooler": classifier.bert.pooler, "dense_tanh": getattr(classifier.classifier, "out_proj", None),
+    dense = getattr(classifier.classifier, "out_proj", None)
+    activation = getattr(classifier.classifier, "activation", None)
+    built = {"pooler": classifier.bert.pooler, "dense_tanh": dense if activation == "tanh" else None,
+             "dense_gelu": dense if activation == "gelu" else None,
              "pre_classifier": classifier.pre_classifier, "prediction_head": classifier.head}
     assert [kind for kind, module in built.items() if module is not None] == [family.sequence_classifier]
 
@@ -182,3 +188,18 @@ def test_shared_layers_take_no_adapters():
         assert not (family.shares_layers and family.lora_targets), family.model_type
     with pytest.raises(ValueError, match="layers are shared"):
         lora.apply_lora(BertForSequenceClassification(tiny("albert")), lora.LoraSpec())
+
+
+def test_xlm_roberta_large_shapes_build_as_transformers():
+    """XLM-R-large's config (250,002 pieces, 24 layers of 1,024, 514 positions) builds the
+    parameters transformers builds, counted on the meta device."""
+    transformers = pytest.importorskip("transformers")
+    values = dict(model_type="xlm-roberta", vocab_size=250002, hidden_size=1024, num_hidden_layers=24,
+                  num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
+                  type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1)
+    config = BertConfig.from_dict(values)
+    assert config.max_sequence_length == 512
+    with torch.device("meta"):
+        ours = sum(p.numel() for p in BertModel(config).parameters())
+        theirs = transformers.XLMRobertaModel(transformers.XLMRobertaConfig(**values))
+    assert ours == sum(p.numel() for p in theirs.parameters()) == 559_890_432

@@ -1,4 +1,5 @@
-"""RoBERTa, ALBERT and DistilBERT: parity with transformers, checkpoints both ways, packed path.
+"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT, DistilBERT, ERNIE and ELECTRA: parity with transformers,
+checkpoints both ways, packed path.
 
 Each family is a tiny random transformers model with odd, distinct sizes (nothing downloads),
 saved with save_pretrained and loaded by bertkit; every head's outputs and losses are compared on
@@ -11,9 +12,11 @@ import pytest
 import torch
 
 from bertkit.encoder.config import BertConfig
-from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
+from bertkit.encoder.heads import model_class
 from bertkit.encoder.packing import Packed
+from bertkit.encoder.tasks import kind_of
+
+from family_fixtures import FAIRSEQ, PREFIX
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,37 +27,47 @@ VOCAB, LENGTH, BATCH = 97, 13, 4
 
 def hf_config(family: str, **extra):
     common = dict(vocab_size=VOCAB, max_position_embeddings=40, initializer_range=0.2, **extra)
-    if family == "roberta":
-        return transformers.RobertaConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
-                                          intermediate_size=37, type_vocab_size=1, pad_token_id=1,
-                                          layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
-                                          attention_probs_dropout_prob=0.0, **common)
+    if family in FAIRSEQ:
+        return getattr(transformers, PREFIX[family] + "Config")(
+            hidden_size=30, num_hidden_layers=3, num_attention_heads=3, intermediate_size=37, type_vocab_size=1,
+            pad_token_id=1, layer_norm_eps=1e-5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
     if family == "albert":
         return transformers.AlbertConfig(embedding_size=14, hidden_size=30, num_hidden_layers=4,
                                          num_hidden_groups=2, inner_group_num=2, num_attention_heads=3,
                                          intermediate_size=37, hidden_act="gelu_new",
                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                          classifier_dropout_prob=0.0, **common)
+    if family == "ernie":  # with ERNIE 3.0's task-type table
+        return transformers.ErnieConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
+                                        intermediate_size=37, use_task_id=True, task_type_vocab_size=3,
+                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+    if family == "electra":  # embeddings of width 14 projected to 30
+        return transformers.ElectraConfig(**{"embedding_size": 14, **common}, hidden_size=30, num_hidden_layers=3,
+                                          num_attention_heads=3, intermediate_size=37, hidden_dropout_prob=0.0,
+                                          attention_probs_dropout_prob=0.0)
     return transformers.DistilBertConfig(dim=30, n_layers=3, n_heads=3, hidden_dim=37, dropout=0.0,
                                          attention_dropout=0.0, seq_classif_dropout=0.0, qa_dropout=0.0,
                                          **common)
 
 
-PREFIX = {"roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
 FAMILIES = tuple(PREFIX)
+# The families whose pairs carry segment ids 0 / 1.
+PAIRED = ("albert", "ernie", "electra")
+# The families without a pooler.
+NO_POOLER = ("distilbert", "electra")
 
 
 def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """A right-padded batch of 4 rows, lengths 13, 9, 6, 11; pairs (segment 1 after the middle)
     where the family has segments. Ids avoid the padding id, as real text does."""
     g = torch.Generator().manual_seed(seed)
-    pad = 1 if family == "roberta" else 0
+    pad = 1 if family in FAIRSEQ else 0
     ids = torch.randint(3, VOCAB, (BATCH, LENGTH), generator=g)
     mask = torch.zeros(BATCH, LENGTH, dtype=torch.long)
     types = torch.zeros(BATCH, LENGTH, dtype=torch.long)
     for row, n in enumerate((13, 9, 6, 11)):
         mask[row, :n] = 1
-        if family == "albert":
+        if family in PAIRED:
             types[row, n // 2:n] = 1
     ids = ids.masked_fill(mask == 0, pad)
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
@@ -69,10 +82,7 @@ def both(family: str, kind: str, tmp_path, **config_extra):
     torch.manual_seed(0)
     theirs = getattr(transformers, PREFIX[family] + kind)(hf_config(family, **config_extra)).eval()
     theirs.save_pretrained(tmp_path / "hf")
-    ours_class = {"Model": BertModel, "ForMaskedLM": BertForMaskedLM, "ForPreTraining": BertForPreTraining,
-                  "ForSequenceClassification": BertForSequenceClassification,
-                  "ForTokenClassification": BertForTokenClassification,
-                  "ForQuestionAnswering": BertForQuestionAnswering}[kind]
+    ours_class = model_class(kind_of(PREFIX[family] + kind))  # ElectraForPreTraining: the discriminator
     ours = ours_class.from_pretrained(tmp_path / "hf")
     assert ours.config.model_type == family
     assert not ours.load_report.missing and not ours.load_report.unexpected, ours.load_report
@@ -107,7 +117,7 @@ def test_base_model_matches_and_round_trips(family, tmp_path):
         out = ours(**b)
     real = b["attention_mask"].bool()
     close(out.last_hidden_state[real], ref.last_hidden_state[real])
-    if family == "distilbert":
+    if family in NO_POOLER:
         assert out.pooler_output is None
     else:
         close(out.pooler_output, ref.pooler_output)
@@ -207,18 +217,71 @@ def test_question_answering_matches(family, tmp_path):
     round_trip(theirs, ours, tmp_path, family, b)
 
 
-def test_albert_pretraining_mlm_and_sop_match(tmp_path):
-    theirs, ours = both("albert", "ForPreTraining", tmp_path)
-    b = batch("albert")
+def pretraining_matches(family: str, sentence_label: str, sentence_logits: str, tmp_path) -> None:
+    """MLM and the sentence head (ALBERT's SOP, ERNIE's NSP) against transformers' ForPreTraining."""
+    theirs, ours = both(family, "ForPreTraining", tmp_path)
+    b = batch(family)
     labels = b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)
-    order = torch.tensor([0, 1, 1, 0])  # 1 = the two segments were swapped
+    order = torch.tensor([0, 1, 1, 0])  # 1 = the two segments were swapped (SOP) / B is random (NSP)
     with torch.no_grad():
-        ref = theirs(**b, labels=labels, sentence_order_label=order)
+        ref = theirs(**b, labels=labels, **{sentence_label: order})
         out = ours(**b, mlm_labels=labels, nsp_labels=order)
     close(out.mlm_logits, ref.prediction_logits[labels != -100])
-    close(out.nsp_logits, ref.sop_logits)
+    close(out.nsp_logits, getattr(ref, sentence_logits))
     close(out.loss, ref.loss)
-    round_trip(theirs, ours, tmp_path, "albert", b)
+    round_trip(theirs, ours, tmp_path, family, b)
+
+
+def test_albert_pretraining_mlm_and_sop_match(tmp_path):
+    pretraining_matches("albert", "sentence_order_label", "sop_logits", tmp_path)
+
+
+def test_ernie_pretraining_mlm_and_nsp_match(tmp_path):
+    pretraining_matches("ernie", "next_sentence_label", "seq_relationship_logits", tmp_path)
+
+
+def test_ernie_task_type_row_zero_reaches_every_token(tmp_path):
+    """ERNIE 3.0's task-type table: transformers adds row 0 when no task_type_ids are given, and so
+    does bertkit, in the padded and the packed path; without the table the states differ."""
+    theirs, ours = both("ernie", "Model", tmp_path)
+    assert ours.embeddings.task_type_embeddings.weight.shape == (3, 30)
+    b = batch("ernie")
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        ref = theirs(**b, task_type_ids=torch.zeros_like(b["input_ids"])).last_hidden_state
+        close(ours(**b).last_hidden_state[real], ref[real])
+        ours.embeddings.task_type_embeddings.weight[0].zero_()
+        assert float((ours(**b).last_hidden_state[real] - ref[real]).abs().max()) > 1e-3
+
+
+def test_electra_discriminator_matches(tmp_path):
+    """ElectraForPreTraining is the discriminator: one replaced-token logit per token, its loss the
+    binary cross-entropy over real tokens; padded and packed, and back to transformers."""
+    theirs, ours = both("electra", "ForPreTraining", tmp_path)
+    assert type(ours).__name__ == "BertForReplacedTokenDetection"
+    b = batch("electra")
+    labels = b["input_ids"] % 2  # 1 = replaced
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        ref = theirs(**b, labels=labels)
+        out = ours(**b, labels=labels)
+        packed = ours.forward_packed(b["input_ids"][real], b["token_type_ids"][real],
+                                     Packed.from_lengths(b["attention_mask"].sum(1).tolist()))
+    close(out.logits[real], ref.logits[real])
+    close(out.loss, ref.loss)
+    close(packed.logits, ref.logits[real])
+    round_trip(theirs, ours, tmp_path, "electra", b)
+
+
+def test_electra_without_projection_where_the_widths_agree(tmp_path):
+    """ELECTRA-base and -large have embedding_size = hidden_size: no embeddings_project either side."""
+    theirs, ours = both("electra", "ForMaskedLM", tmp_path, embedding_size=30)
+    assert ours.bert.embed_proj is None and not hasattr(theirs.electra, "embeddings_project")
+    b = batch("electra")
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        close(ours(**b).logits[real], theirs(**b).logits[real])
+    round_trip(theirs, ours, tmp_path, "electra", b)
 
 
 def test_single_segment_roberta_ignores_segment_ids(tmp_path):
@@ -269,7 +332,7 @@ def test_configs_round_trip_under_their_own_keys(tmp_path):
         config.save(tmp_path / f"{family}-ours")
         theirs = json.loads((tmp_path / family / "config.json").read_text())
         again = json.loads((tmp_path / f"{family}-ours" / "config.json").read_text())
-        for key in ("dim", "n_layers", "n_heads", "hidden_dim", "embedding_size", "num_hidden_groups",
+        for key in ("dim", "n_layers", "n_heads", "hidden_dim", "embedding_size", "num_hidden_groups", "use_task_id",
                     "inner_group_num", "classifier_dropout_prob", "type_vocab_size", "pad_token_id"):
             assert theirs.get(key) == again.get(key), (family, key)
     distil = BertConfig.from_json(tmp_path / "distilbert")

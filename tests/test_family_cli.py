@@ -1,5 +1,6 @@
-"""A RoBERTa, an ALBERT and a DistilBERT checkpoint made by transformers go through info,
-fill-mask, embed, finetune and predict, with outputs equal to transformers' on the same files."""
+"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT, a DistilBERT, an ERNIE and an ELECTRA checkpoint made
+by transformers go through info, fill-mask, embed, finetune and predict, with outputs equal to
+transformers' on the same files."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 
 FAMILIES = tuple(PREFIX)
-MASK = {"roberta": "<mask>", "albert": "[MASK]", "distilbert": "[MASK]"}
+MASK = {"roberta": "<mask>", "xlm-roberta": "<mask>", "camembert": "<mask>", "albert": "[MASK]",
+        "distilbert": "[MASK]", "ernie": "[MASK]", "electra": "[MASK]"}
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "A dog ran in the park today."]
 
 
@@ -127,3 +129,47 @@ def test_finetune_max_length_counts_roberta_position_offset(checkpoints, tmp_pat
                  "--out", str(tmp_path / "m"), "--max-length", str(positions), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"limit of {positions - 2} tokens" in err and f"--max-length {positions - 2}" in err
+
+
+def test_electra_discriminator_directory_shows_and_embeds(tmp_path, capsys):
+    """An ElectraForPreTraining directory (the discriminator) is no MLM: `info` names it, and it is
+    served as an encoder whose embeddings equal transformers' ElectraModel's."""
+    from bertkit.encoder.tasks import use_of
+
+    directory = make_checkpoint("electra", tmp_path / "disc", kind="ForPreTraining")
+    assert main(["info", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "ElectraForPreTraining" in out and "discriminator_predictions head" in out
+    assert "embedding projection (14 → 36)" in out
+    assert use_of(directory) == "embed"
+    ours = torch.as_tensor(embed(directory, TEXTS, pooling="mean", normalize=False))
+    assert float((ours - transformers_mean(directory, TEXTS)).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_commands_run_each_head_of_the_family(family, checkpoints, tmp_path, capsys):
+    """`bertkit classify`, `ner`, `qa`, `embed` and `fill-mask` on transformers-made heads of the
+    family: each answers, and classify's probabilities equal transformers' on the same files (embed's
+    vectors are compared with transformers' by `test_embed_equals_transformers_mean_pooling`)."""
+    text = "Paris is the capital of France."
+    classifier = make_checkpoint(family, tmp_path / "cls", kind="ForSequenceClassification", num_labels=3,
+                                 id2label={0: "neg", 1: "neu", 2: "pos"})
+    assert main(["classify", str(classifier), "--json", text]) == 0
+    scores = json.loads(capsys.readouterr().out)["scores"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(classifier)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(classifier).eval()
+    with torch.no_grad():
+        probs = model(**tokenizer([text], return_tensors="pt")).logits.softmax(-1)[0]
+    assert max(abs(scores[name] - float(p)) for name, p in zip(("neg", "neu", "pos"), probs)) <= 1e-5
+    tagger = make_checkpoint(family, tmp_path / "ner", kind="ForTokenClassification", num_labels=3,
+                             id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})
+    assert main(["ner", str(tagger), "--json", text]) == 0
+    assert "entities" in json.loads(capsys.readouterr().out)
+    reader = make_checkpoint(family, tmp_path / "qa", kind="ForQuestionAnswering")
+    assert main(["qa", str(reader), "--json", "--question", "What is the capital?", "--context", text]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"]
+    assert main(["embed", str(classifier), "--json", *TEXTS]) == 0
+    vectors = [json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()]
+    assert len(vectors) == len(TEXTS)
+    assert main(["fill-mask", str(checkpoints[family]), "--json", f"Paris is the {MASK[family]} of France."]) == 0
+    assert capsys.readouterr().out.strip()

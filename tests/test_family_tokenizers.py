@@ -1,6 +1,6 @@
 """The families' tokenizers give transformers' ids: RoBERTa's byte-level BPE (vocab.json +
 merges.txt, or tokenizer.json), ALBERT's Unigram through tokenizer.json or spiece.model,
-DistilBERT's WordPiece.
+XLM-RoBERTa's and CamemBERT's SentencePiece Unigram tokenizer.json, DistilBERT's WordPiece.
 
 Every vocabulary is trained here with `tokenizers` on a few sentences: nothing downloads.
 """
@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from bertkit.data.tokenizer import BertTokenizer
 
-from family_fixtures import albert_tokenizer_dir
+from family_fixtures import albert_tokenizer_dir, sentencepiece_tokenizer_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -124,3 +124,26 @@ def test_spiece_model_that_is_no_model_names_the_file(tmp_path):
     (tmp_path / "spiece.model").write_bytes(b"\x00")
     with pytest.raises(ValueError, match="cannot read .*spiece.model as a SentencePiece model"):
         BertTokenizer.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("tokenizer_class", ["XLMRobertaTokenizer", "CamembertTokenizer"])
+def test_sentencepiece_tokenizer_json_gives_transformers_ids(tokenizer_class, tmp_path):
+    """XLM-RoBERTa / CamemBERT: fairseq's ids and `<s> A </s></s> B </s>` pairs with one segment,
+    over Chinese, Arabic, accents and emoji; the same again after bertkit saves and transformers reloads."""
+    directory = tmp_path / "spm"
+    directory.mkdir()
+    sentencepiece_tokenizer_dir(directory, tokenizer_class)
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    ours = BertTokenizer.from_pretrained(directory)
+    texts = TEXTS + ["北京是中国的首都", "مرحبا بالعالم", "Ça va très bien 🙂✨", "a <mask>."]
+    pairs = PAIRS + ["首都", "كيف حالك", "à vous", "x"]
+    assert (ours.cls_token_id, ours.pad_token_id, ours.sep_token_id) == (0, 1, 2) == \
+        (theirs.cls_token_id, theirs.pad_token_id, theirs.sep_token_id)
+    assert ours.mask_token_id == theirs.mask_token_id
+    assert ours_ids(ours, texts, pairs) == ids(theirs(texts, pairs))
+    assert [e.type_ids for e in ours.encode_batch(texts, pairs)] == \
+        theirs(texts, pairs, return_token_type_ids=True)["token_type_ids"]
+    ours.save_pretrained(tmp_path / "ours")
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")
+    assert type(again).__name__ == tokenizer_class
+    assert ids(again(texts, pairs)) == ids(theirs(texts, pairs))

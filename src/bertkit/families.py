@@ -14,7 +14,7 @@ and the encoder read the same records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 # Where a family's positions come from: a learned table from 0 (BERT), the same table numbered from
@@ -22,9 +22,12 @@ from typing import Mapping
 # positions in every layer's attention, with no table (ModernBERT).
 POSITIONS = ("absolute", "after_padding", "rotary")
 # What the sequence classifier reads the [CLS] state through (`encoder/heads.py` says how each runs):
-# BERT's pooler, RoBERTa's dense → tanh → out_proj, DistilBERT's pre_classifier → ReLU, or
-# ModernBERT's prediction head (dense → act → LayerNorm).
-SEQUENCE_CLASSIFIERS = ("pooler", "dense_tanh", "pre_classifier", "prediction_head")
+# BERT's pooler, RoBERTa's dense → tanh → out_proj, ELECTRA's dense → GELU → out_proj,
+# DistilBERT's pre_classifier → ReLU, or ModernBERT's prediction head (dense → act → LayerNorm).
+SEQUENCE_CLASSIFIERS = ("pooler", "dense_tanh", "dense_gelu", "pre_classifier", "prediction_head")
+# When the embeddings (width embedding_size) are projected to hidden_size before the first layer:
+# never (the tables are hidden_size wide), always (ALBERT), or where the widths differ (ELECTRA).
+EMBEDDING_PROJECTIONS = (None, "always", "if_differs")
 # The encoder layers a family runs: BERT's post-LayerNorm layers (`encoder/model.py`) or ModernBERT's
 # pre-LN, rotary, GeGLU, local–global ones (`encoder/modern.py`).
 LAYERS = ("bert", "modern")
@@ -89,6 +92,16 @@ class Family:
     names: NameMap  # tensor names on disk: the encoder's prefix, its layers, the MLM, sentence and task heads
     # Pre-training's default share of masked tokens: BERT's 15%, ModernBERT's 30% (Warner et al. 2024).
     mlm_probability: float = 0.15
+    # One of EMBEDDING_PROJECTIONS; embedding_size is a config field only where there is one.
+    embedding_projection: str | None = None
+    # transformers' head names (after the class prefix) that are another bertkit kind than their
+    # name says (`encoder/tasks.py`'s HEADS): ELECTRA's ForPreTraining is its discriminator.
+    head_kinds: Mapping[str, str] = field(default_factory=dict)
+    # A task-type table whose row 0 is added to every token (ERNIE's `use_task_id`, `task_type_vocab_size`).
+    task_types: bool = False
+    # The MLM head's activation where the architecture fixes it (fairseq's RobertaLMHead calls exact
+    # GELU whatever hidden_act says); None: hidden_act.
+    mlm_activation: str | None = None
     # The family's config.json keys → the BertConfig fields they are (read in, written back).
     config_keys: Mapping[str, str] = field(default_factory=dict)
     # BertConfig fields the family has no config.json key for, fixed by its architecture.
@@ -99,16 +112,21 @@ class Family:
 
 # ------------------------------------------------------------------------------------ tokenizers
 WORDPIECE = TokenizerLayout("wordpiece", ("vocab.txt",), "BertTokenizer", {})
-# RoBERTa's byte-level BPE: `<s> A </s></s> B </s>`.
-BPE = TokenizerLayout("bpe", ("vocab.json", "merges.txt"), "RobertaTokenizer",
-                      {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
-                       "mask_token": "<mask>"})
+# fairseq's special tokens, which RoBERTa and its SentencePiece descendants keep: `<s> A </s></s> B </s>`.
+_FAIRSEQ_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
+                     "mask_token": "<mask>"}
+# RoBERTa's byte-level BPE.
+BPE = TokenizerLayout("bpe", ("vocab.json", "merges.txt"), "RobertaTokenizer", _FAIRSEQ_SPECIALS)
 # ALBERT's SentencePiece Unigram model: BERT's markers, SentencePiece's padding and unknown.
 UNIGRAM = TokenizerLayout("unigram", ("spiece.model",), "AlbertTokenizer",
                           {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
                            "mask_token": "[MASK]"})
 # ModernBERT ships a tokenizer.json only (OLMo's BPE with BERT's special tokens).
 TOKENIZER_JSON = TokenizerLayout("json", ("tokenizer.json",), "PreTrainedTokenizerFast", {})
+# XLM-RoBERTa's and CamemBERT's SentencePiece Unigram model, read from its tokenizer.json (the
+# sentencepiece.bpe.model beside it is the same model): fairseq's special tokens and pairs.
+XLMR_JSON = TokenizerLayout("json", ("tokenizer.json",), "XLMRobertaTokenizer", _FAIRSEQ_SPECIALS)
+CAMEMBERT_JSON = TokenizerLayout("json", ("tokenizer.json",), "CamembertTokenizer", _FAIRSEQ_SPECIALS)
 
 # ------------------------------------------------------------------------------------ LoRA targets
 _BERT_LORA = {"query": (("qkv", 0),), "key": (("qkv", 1),), "value": (("qkv", 2),),
@@ -132,30 +150,49 @@ _MODERNBERT_DEFAULTS = dict(
     local_attention=128, attention_bias=False, mlp_bias=False, norm_bias=False, decoder_bias=True,
     classifier_bias=False, classifier_activation="gelu", classifier_pooling="cls", classifier_dropout=0.0)
 
+# BERT's record, and RoBERTa's: others are these with a few fields replaced.
+_BERT = Family(
+    "bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
+    sequence_classifier="pooler", sentence_head="NSP", layers="bert", shares_layers=False,
+    lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
+    names=NameMap(
+        prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+        qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+               ("mlm.transform.", "cls.predictions.transform.dense."),
+               ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
+               ("nsp.", "cls.seq_relationship.")),
+        ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
+        decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias")))
+_ROBERTA = Family(
+    "roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
+    sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
+    lora_targets=_BERT_LORA, tokenizer=BPE, mlm_activation="gelu",
+    names=NameMap(
+        prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+        qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+        outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+               ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
+               ("mlm.bias", "lm_head.bias")),
+        ignored=r"^lm_head\.decoder\.(weight|bias)$",
+        decoder_bias=("lm_head.bias", "lm_head.decoder.bias")))
+# What the configs of RoBERTa's SentencePiece descendants leave out is their transformers config's
+# default: padding is id 1, as fairseq's dictionary numbers it.
+_FAIRSEQ_DEFAULTS = {"pad_token_id": 1}
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("bert", "Bert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
-           sequence_classifier="pooler",
-           sentence_head="NSP", layers="bert", shares_layers=False, lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
-           names=NameMap(
-               prefix="bert.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-               qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
-               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-                      ("mlm.transform.", "cls.predictions.transform.dense."),
-                      ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
-                      ("nsp.", "cls.seq_relationship.")),
-               ignored=r"^cls\.predictions\.decoder\.(weight|bias)$",
-               decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias"))),
-    Family("roberta", "Roberta", positions="after_padding", segments=True, pooler=True, ignores_segment_ids=True,
-           sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
-           lora_targets=_BERT_LORA, tokenizer=BPE,
-           names=NameMap(
-               prefix="roberta.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
-               qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
-               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
-                      ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
-                      ("mlm.bias", "lm_head.bias")),
-               ignored=r"^lm_head\.decoder\.(weight|bias)$",
-               decoder_bias=("lm_head.bias", "lm_head.decoder.bias"))),
+    _BERT,
+    # ERNIE (Sun et al. 2019; Baidu's ERNIE 3.0 and its Chinese bases) is BERT with a task-type
+    # embedding, under `ernie.`.
+    replace(_BERT, model_type="ernie", class_prefix="Ernie", task_types=True,
+            names=replace(_BERT.names, prefix="ernie.")),
+    _ROBERTA,
+    # XLM-RoBERTa (Conneau et al. 2020) and CamemBERT (Martin et al. 2020) are RoBERTa trained on
+    # a SentencePiece vocabulary: the same layers and tensor names under their own class names.
+    replace(_ROBERTA, model_type="xlm-roberta", class_prefix="XLMRoberta", tokenizer=XLMR_JSON,
+            defaults=_FAIRSEQ_DEFAULTS),
+    replace(_ROBERTA, model_type="camembert", class_prefix="Camembert", tokenizer=CAMEMBERT_JSON,
+            defaults=_FAIRSEQ_DEFAULTS),
     Family("albert", "Albert", positions="absolute", segments=True, pooler=True, ignores_segment_ids=False,
            sequence_classifier="pooler",
            sentence_head="SOP", layers="bert", shares_layers=True, lora_targets={}, tokenizer=UNIGRAM,
@@ -172,8 +209,25 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                       ("mlm.bias", "predictions.bias"), ("nsp.", "sop_classifier.classifier.")),
                ignored=r"^predictions\.decoder\.(weight|bias)$",
                decoder_bias=("predictions.bias", "predictions.decoder.bias")),
-           config_keys={"classifier_dropout_prob": "classifier_dropout"},
+           config_keys={"classifier_dropout_prob": "classifier_dropout"}, embedding_projection="always",
            defaults={"embedding_size": 128}),
+    # ELECTRA (Clark et al. 2020): BERT's layers under `electra.`, embeddings of width embedding_size
+    # projected where it is not hidden_size, no pooler; the discriminator (ElectraForPreTraining)
+    # scores every token as replaced or not, the generator (ElectraForMaskedLM) is an MLM whose
+    # head maps H back to E; its sequence classifier is dense → GELU → out_proj on the first token.
+    Family("electra", "Electra", positions="absolute", segments=True, pooler=False, ignores_segment_ids=False,
+           sequence_classifier="dense_gelu", sentence_head=None, layers="bert", shares_layers=False,
+           lora_targets=_BERT_LORA, tokenizer=WORDPIECE, mlm_activation="gelu", embedding_projection="if_differs",
+           head_kinds={"ForPreTraining": "ForReplacedTokenDetection"},
+           names=NameMap(
+               prefix="electra.", base_roots=("embeddings.", "embeddings_project.", "encoder."),
+               layer=r"encoder\.layer\.(\d+)\.", qkv=_BERT_QKV, layer_parts=_BERT_LAYER_PARTS,
+               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("embed_proj.", "embeddings_project."),
+                      ("mlm.transform.", "generator_predictions.dense."),
+                      ("mlm.norm.", "generator_predictions.LayerNorm."), ("mlm.bias", "generator_lm_head.bias")),
+               ignored=r"^generator_lm_head\.weight$"),
+           # transformers' ElectraConfig defaults where they are not BERT's (ELECTRA-small's generator).
+           defaults={"embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}),
     Family("distilbert", "DistilBert", positions="absolute", segments=False, pooler=False, ignores_segment_ids=False,
            sequence_classifier="pre_classifier", sentence_head=None, layers="bert", shares_layers=False,
            lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
@@ -234,5 +288,6 @@ def tokenizer_layout(tokenizer_class: str | None, model_type: str | None) -> Tok
     return FAMILIES[model_type].tokenizer if model_type in FAMILIES else WORDPIECE
 
 
-__all__ = ["BPE", "FAMILIES", "Family", "LAYERS", "NameMap", "POSITIONS", "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON",
-           "TokenizerLayout", "UNIGRAM", "WORDPIECE", "family_of", "tokenizer_layout"]
+__all__ = ["BPE", "CAMEMBERT_JSON", "EMBEDDING_PROJECTIONS", "FAMILIES", "Family", "LAYERS", "NameMap", "POSITIONS",
+           "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON", "TokenizerLayout", "UNIGRAM", "WORDPIECE", "XLMR_JSON",
+           "family_of", "tokenizer_layout"]

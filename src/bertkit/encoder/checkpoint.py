@@ -27,7 +27,11 @@ sits under `roberta.`, `albert.` or `distilbert.` on disk; ALBERT's stored layer
 `encoder.embedding_hidden_mapping_in` is `embed_proj`, its MLM head `predictions.*` and SOP head
 `sop_classifier.classifier` is `nsp`; RoBERTa's MLM head is `lm_head.{dense,layer_norm,bias}`;
 DistilBERT's layers are `transformer.layer.i.{attention.{q,k,v,out}_lin, sa_layer_norm, ffn.lin1,
-ffn.lin2, output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,projector}`. Task heads
+ffn.lin2, output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,projector}`. XLM-RoBERTa
+and CamemBERT keep RoBERTa's names, ERNIE BERT's under `ernie.` (plus
+`embeddings.task_type_embeddings`, the same in memory); ELECTRA sits under `electra.`, its
+`embeddings_project` is `embed_proj`, its generator's MLM head `generator_predictions.{dense,
+LayerNorm}` + `generator_lm_head.bias`, and its discriminator keeps `discriminator_predictions.*`. Task heads
 keep their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
 ModernBERT's encoder sits under `model.`: `embeddings.tok_embeddings` is the word table, layer i
 is `layers.i.{attn.Wqkv (fused already), attn.Wo, attn_norm, mlp.Wi, mlp.Wo, mlp_norm}`, then
@@ -335,10 +339,12 @@ def write_checkpoint(model: torch.nn.Module, config: BertConfig, out_dir: str | 
 
 def architecture_name(class_name: str, config: BertConfig) -> str:
     """transformers' class for one of ours: BertForSequenceClassification → RobertaFor… for a
-    RoBERTa config; BertForPreTraining without a sentence head (RoBERTa, DistilBERT) → …ForMaskedLM."""
+    RoBERTa config; BertForPreTraining without a sentence head (RoBERTa, DistilBERT) → …ForMaskedLM;
+    a kind the family names otherwise under its own name (BertForReplacedTokenDetection → ElectraForPreTraining)."""
     kind = class_name[len("Bert"):] if class_name.startswith("Bert") else class_name
     if kind == "ForPreTraining" and config.family.sentence_head is None:
         kind = "ForMaskedLM"
+    kind = next((theirs for theirs, ours in config.family.head_kinds.items() if ours == kind), kind)
     return config.family.class_prefix + kind
 
 

@@ -1,11 +1,12 @@
 """BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
 
 One config describes every family the encoder implements (`model_type`): `bert`, `roberta`,
-`albert`, `distilbert` and `modernbert`, each a record in `bertkit.families` (`config.family`: its
-positions, segments, pooler, shared layers, key names). The family differences are fields with
-Hugging Face's names:
-`embedding_size`, `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
-positions start after it), `type_vocab_size` (1 for RoBERTa); DistilBERT's own key names (`dim`,
+`xlm-roberta`, `camembert`, `ernie`, `electra`, `albert`, `distilbert` and `modernbert`, each a record in
+`bertkit.families` (`config.family`: its positions, segments, pooler, shared layers, key names).
+The family differences are fields with Hugging Face's names:
+`embedding_size` (ALBERT, ELECTRA), `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
+positions start after it), `type_vocab_size` (1 for RoBERTa), `use_task_id` and
+`task_type_vocab_size` (ERNIE); DistilBERT's own key names (`dim`,
 `n_layers`, `n_heads`, `hidden_dim`, `activation`, `dropout`, `attention_dropout`,
 `seq_classif_dropout`) are read into the BERT fields and written back under its names, and
 ALBERT's `classifier_dropout_prob` is `classifier_dropout`.
@@ -132,14 +133,18 @@ class BertConfig:
     label2id: dict[str, int] | None = None
     # "regression" | "single_label_classification" | "multi_label_classification" | None (inferred).
     problem_type: str | None = None
-    # Which member of the family: bert | roberta | albert | distilbert (see the module docstring).
+    # Which member of the family: a key of `bertkit.families.FAMILIES` (see the module docstring).
     model_type: str = "bert"
-    # ALBERT: token embeddings of this width, projected to hidden_size (None = hidden_size).
+    # ALBERT, ELECTRA: token embeddings of this width, projected to hidden_size (None = hidden_size).
     embedding_size: int | None = None
     # ALBERT: the num_hidden_layers depths share num_hidden_groups groups of weights (consecutive
     # depths use the same group), each group being inner_group_num layers.
     num_hidden_groups: int = 1
     inner_group_num: int = 1
+    # ERNIE: a table of task_type_vocab_size task types, whose row 0 (transformers' default
+    # task_type_ids) is added to every token when use_task_id (ERNIE 3.0's checkpoints set it).
+    use_task_id: bool = False
+    task_type_vocab_size: int = 3
     # ModernBERT (model_type "modernbert"; the other families keep these defaults, which are what
     # BERT is): each layer's attention, "full_attention" or "sliding_attention".
     layer_types: list[str] | None = None
@@ -265,6 +270,12 @@ class BertConfig:
         return self.embedding_size or self.hidden_size
 
     @property
+    def has_embed_proj(self) -> bool:
+        """The embeddings are projected to hidden_size: ALBERT always, ELECTRA where the widths differ."""
+        projection = self.family.embedding_projection
+        return projection == "always" or (projection == "if_differs" and self.embedding_dim != self.hidden_size)
+
+    @property
     def family(self) -> Family:
         """The record of model_type (`bertkit.families`): what the rooms may ask of the family."""
         return family_of(self.model_type)
@@ -351,10 +362,15 @@ class BertConfig:
         if self.position_embedding_type != "absolute":
             problems.append(f"position_embedding_type {self.position_embedding_type!r} is not "
                             "supported; BERT uses 'absolute'")
-        if self.model_type != "albert":
+        if not family.embedding_projection:
             if self.embedding_size not in (None, self.hidden_size):
                 problems.append(f"embedding_size {self.embedding_size} differs from hidden_size "
-                                f"{self.hidden_size}, which only ALBERT supports (model_type 'albert')")
+                                f"{self.hidden_size}, which only ALBERT supports, and ELECTRA "
+                                "(model_type 'albert' or 'electra')")
+        elif self.embedding_size is not None and (not isinstance(self.embedding_size, int)
+                                                  or self.embedding_size <= 0):
+            problems.append(f"embedding_size must be a positive integer, got {self.embedding_size!r}")
+        if not family.shares_layers:
             if (self.num_hidden_groups, self.inner_group_num) != (1, 1):
                 problems.append(f"num_hidden_groups / inner_group_num {self.num_hidden_groups} / "
                                 f"{self.inner_group_num}: shared layers are ALBERT's (model_type 'albert')")
@@ -363,13 +379,15 @@ class BertConfig:
                 value = getattr(self, name)
                 if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                     problems.append(f"{name} must be a positive integer, got {value!r}")
-            if self.embedding_size is not None and (not isinstance(self.embedding_size, int)
-                                                    or self.embedding_size <= 0):
-                problems.append(f"embedding_size must be a positive integer, got {self.embedding_size!r}")
             if (not problems and isinstance(self.num_hidden_layers, int)
                     and self.num_hidden_layers % self.num_hidden_groups):
                 problems.append(f"num_hidden_layers {self.num_hidden_layers} is not a multiple of "
                                 f"num_hidden_groups {self.num_hidden_groups}")
+        if self.use_task_id and not family.task_types:
+            problems.append(f"use_task_id is ERNIE's task-type embedding, which model_type {self.model_type!r} "
+                            "does not have; remove it or use model_type 'ernie'")
+        if family.task_types and (not isinstance(self.task_type_vocab_size, int) or self.task_type_vocab_size <= 0):
+            problems.append(f"task_type_vocab_size must be a positive integer, got {self.task_type_vocab_size!r}")
         if family.positions == "after_padding" and self.max_position_embeddings <= self.position_offset:
             problems.append(f"max_position_embeddings {self.max_position_embeddings} leaves no "
                             f"positions after RoBERTa's offset {self.position_offset} (pad_token_id + 1)")
@@ -507,8 +525,15 @@ def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
     if family.layers != "modern":
         for name in _MODERNBERT_ONLY:
             values.pop(name)
-    if family.model_type != "albert":
-        for name in ("embedding_size", "num_hidden_groups", "inner_group_num"):
+    if not family.embedding_projection:
+        values.pop("embedding_size")
+    elif values["embedding_size"] is None:  # transformers would read its own default (128), not hidden_size
+        values["embedding_size"] = values["hidden_size"]
+    if not family.shares_layers:
+        for name in ("num_hidden_groups", "inner_group_num"):
+            values.pop(name)
+    if not family.task_types:
+        for name in ("use_task_id", "task_type_vocab_size"):
             values.pop(name)
     for theirs, ours in family.config_keys.items():
         if ours in values:

@@ -9,7 +9,10 @@ whose layers differ, each as its family's `…ForSequenceClassification` (same t
 family record's `sequence_classifier` says which):
   bert, albert: pooler (tanh dense on [CLS]) → dropout → classifier
   roberta:      [CLS] state → dropout → classifier.dense → tanh → dropout → classifier.out_proj
+  electra:      the same with GELU in tanh's place
   distilbert:   [CLS] state → pre_classifier → ReLU → dropout → classifier
+ELECTRA's discriminator (`BertForReplacedTokenDetection`, transformers' ElectraForPreTraining)
+scores each token as replaced or original: dense → hidden_act → dense_prediction (one logit).
 DistilBERT's QA head has a dropout before qa_outputs (`qa_dropout`); the others have none.
 ModernBERT puts its prediction head (`modern.PredictionHead`: dense → act → LayerNorm) and a
 dropout before every classifier, and its sequence classifier reads the first token or the mean of
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.constants import IGNORE_INDEX
-from bertkit.encoder import modern, tasks
+from bertkit.encoder import modern, ops, tasks
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
@@ -53,19 +56,26 @@ def _classifier_dropout(config: BertConfig) -> nn.Dropout:
     return nn.Dropout(rate)
 
 
-class RobertaClassificationHead(nn.Module):
-    """RoBERTa's sentence head: the [CLS] state → dropout → dense → tanh → dropout → out_proj."""
+class DenseClassificationHead(nn.Module):
+    """RoBERTa's and ELECTRA's sentence head: the [CLS] state → dropout → dense → activation (tanh,
+    or ELECTRA's GELU) → dropout → out_proj."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, activation: str):
         super().__init__()
+        self.activation = activation  # "tanh" | "gelu"
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = torch.tanh if activation == "tanh" else ops.activation(activation)
         self.dropout = _classifier_dropout(config)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, first: torch.Tensor) -> torch.Tensor:
         """first: (B, H) hidden state of each sequence's first token → logits (B, K)."""
-        x = torch.tanh(self.dense(self.dropout(first)))  # (B, H)
+        x = self.act(self.dense(self.dropout(first)))  # (B, H)
         return self.out_proj(self.dropout(x))  # (B, K)
+
+
+# The sentence heads of DenseClassificationHead, by the record's `sequence_classifier`.
+_DENSE_HEADS = {"dense_tanh": "tanh", "dense_gelu": "gelu"}
 
 
 def _problem_type(config: BertConfig, labels: torch.Tensor) -> str:
@@ -94,8 +104,8 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
         self.pre_classifier = (nn.Linear(config.hidden_size, config.hidden_size) if reads == "pre_classifier"
                                else None)
         self.head = modern.PredictionHead(config) if reads == "prediction_head" else None
-        if reads == "dense_tanh":
-            self.classifier = RobertaClassificationHead(config)
+        if reads in _DENSE_HEADS:
+            self.classifier = DenseClassificationHead(config, _DENSE_HEADS[reads])
         else:
             self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         for module in (self.classifier, self.pre_classifier, self.head):
@@ -110,7 +120,7 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
     def sentence_logits(self, first: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
         """first: (B, H) state of each sequence's first token; pooled: (B, H) pooler output or None
         → logits (B, K), through the family's head."""
-        if self.config.family.sequence_classifier == "dense_tanh":  # RoBERTa
+        if isinstance(self.classifier, DenseClassificationHead):  # RoBERTa, ELECTRA
             return self.classifier(first)
         if self.head is not None:  # ModernBERT
             return self.classifier(self.dropout(self.head(first)))
@@ -251,10 +261,53 @@ class BertForMultipleChoice(PretrainedMixin, nn.Module):
         return ClassifierOutput(loss=loss, logits=logits)
 
 
+class DiscriminatorPredictions(nn.Module):
+    """ELECTRA's replaced-token head: dense → hidden_act → dense_prediction, one logit per token."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ops.activation(config.hidden_act)
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., H) → logits (...): > 0 says replaced."""
+        return self.dense_prediction(self.act(self.dense(hidden))).squeeze(-1)
+
+
+class BertForReplacedTokenDetection(PretrainedMixin, nn.Module):
+    """ELECTRA's discriminator (Clark et al. 2020): each token's state → one replaced-or-original logit."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.discriminator_predictions = DiscriminatorPredictions(config)
+        self.discriminator_predictions.apply(self.bert._init_weights)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
+        """labels: (B, T) 1 = replaced, 0 = original; the loss is the binary cross-entropy over the
+        real tokens (attention_mask 1), as transformers computes it. logits: (B, T)."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
+        logits = self.discriminator_predictions(hidden)  # (B, T)
+        loss = None
+        if labels is not None:
+            real = torch.ones_like(labels, dtype=torch.bool) if attention_mask is None else attention_mask == 1
+            loss = F.binary_cross_entropy_with_logits(logits.float()[real], labels[real].float())
+        return ClassifierOutput(loss=loss, logits=logits)
+
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       packed: Packed) -> ClassifierOutput:
+        """Inference over packed sequences: logits (N,), one per token in packed order."""
+        hidden = self.bert.forward_packed(input_ids, token_type_ids, packed).hidden  # (N, H)
+        return ClassifierOutput(loss=None, logits=self.discriminator_predictions(hidden))
+
+
 # Every model class by its name, so that a kind of `tasks.HEADS` finds its class.
 _CLASSES: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (
     BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-    BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)}
+    BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice, BertForReplacedTokenDetection)}
 
 
 def model_class(kind: str) -> type[nn.Module]:

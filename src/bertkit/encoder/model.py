@@ -28,7 +28,15 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
   pad_token_id + 1 (fairseq's convention: `config.position_offset`, so 514 position rows give 512
   tokens); one segment type (segment ids are then ignored, as its tokenizers give none); the MLM
   head always uses exact GELU; the sequence classifier is dense → tanh → out_proj on the [CLS]
-  (`<s>`) state, with no pooler. No NSP head.
+  (`<s>`) state, with no pooler. No NSP head. XLM-RoBERTa and CamemBERT are RoBERTa with a
+  SentencePiece vocabulary: the same layers, under their own class names.
+- ERNIE (Sun et al. 2019): BERT plus a task-type embedding table (`use_task_id`), whose row 0 is
+  added to every token, as transformers does when no task_type_ids are given.
+- ELECTRA (Clark et al. 2020): BERT's layers; embeddings of width E projected to H by
+  `embed_proj` (`embeddings_project` on disk) where E ≠ H; no pooler. The generator's MLM head
+  maps H back to E (exact GELU), its decoder the tied (V, E) table; the discriminator
+  (`heads.BertForReplacedTokenDetection`) and the sequence classifier (dense → GELU → out_proj)
+  are task heads. No NSP head.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -44,7 +52,7 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
 Dimension letters used in shape comments:
   B batch, T sequence length, H hidden size, nh heads, hs head size (H / nh), I FFN size,
   N real (non-padding) tokens in the batch, M selected MLM positions, V vocabulary,
-  E embedding width (ALBERT's embedding_size; H for the others).
+  E embedding width (ALBERT's and ELECTRA's embedding_size; H for the others).
 """
 
 from __future__ import annotations
@@ -166,7 +174,8 @@ def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: to
 class Embeddings(nn.Module):
     """token + learned position + segment embeddings (width E), then LayerNorm and dropout.
 
-    RoBERTa's positions start at `position_offset`; DistilBERT has no segment table.
+    RoBERTa's positions start at `position_offset`; DistilBERT has no segment table; ERNIE adds
+    a task-type embedding.
     """
 
     def __init__(self, config: BertConfig):
@@ -175,6 +184,9 @@ class Embeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.has_segments else None
+        # ERNIE's task types: every token gets row 0, transformers' default task_type_ids.
+        self.task_type_embeddings = (nn.Embedding(config.task_type_vocab_size, dim) if config.use_task_id
+                                     else None)
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
         self.position_offset = config.position_offset
@@ -196,6 +208,8 @@ class Embeddings(nn.Module):
             if not self.reads_segments:
                 token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (B, T, E)
+        if self.task_type_embeddings is not None:
+            x = x + self.task_type_embeddings.weight[0]  # (E,) broadcast
         return self.dropout(self.norm(x))
 
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -206,6 +220,8 @@ class Embeddings(nn.Module):
             if not self.reads_segments:
                 token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (N, E)
+        if self.task_type_embeddings is not None:
+            x = x + self.task_type_embeddings.weight[0]  # (E,) broadcast
         return self.dropout(self.norm(x))
 
 
@@ -288,15 +304,15 @@ class EncoderLayer(nn.Module):
 
 
 class BertModel(PretrainedMixin, nn.Module):
-    """Embeddings → (ALBERT: E → H projection) → L encoder layers → (optional) tanh pooler on [CLS]."""
+    """Embeddings → (ALBERT, ELECTRA: E → H projection) → L encoder layers → (optional) tanh pooler on [CLS]."""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = modern.Embeddings(config) if config.is_modernbert else Embeddings(config)
-        # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H.
-        self.embed_proj = (nn.Linear(config.embedding_dim, config.hidden_size)
-                           if config.model_type == "albert" else None)
+        # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H;
+        # ELECTRA's embeddings_project exists where E differs from H.
+        self.embed_proj = nn.Linear(config.embedding_dim, config.hidden_size) if config.has_embed_proj else None
         if config.is_modernbert:
             self.layers = nn.ModuleList(modern.EncoderLayer(config, i) for i in range(config.num_layer_weights))
         else:
@@ -427,9 +443,10 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = nn.Linear(config.hidden_size, config.embedding_dim, bias=config.classifier_bias)
-        # RoBERTa's head calls exact GELU whatever hidden_act says (fairseq's RobertaLMHead);
+        # RoBERTa's head calls exact GELU whatever hidden_act says (the record's mlm_activation);
         # ModernBERT's, its classifier_activation.
-        act = {"roberta": "gelu", "modernbert": config.classifier_activation}.get(config.model_type, config.hidden_act)
+        act = config.classifier_activation if config.is_modernbert else (config.family.mlm_activation
+                                                                         or config.hidden_act)
         self.act = ops.activation(act)
         self.norm = nn.LayerNorm(config.embedding_dim, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None

@@ -62,6 +62,8 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
                      _count(emb.position_embeddings)))
     if getattr(emb, "token_type_embeddings", None) is not None:
         rows.append((f"embeddings.segment ({config.type_vocab_size} × {dim})", _count(emb.token_type_embeddings)))
+    if getattr(emb, "task_type_embeddings", None) is not None:
+        rows.append((f"embeddings.task type ({config.task_type_vocab_size} × {dim})", _count(emb.task_type_embeddings)))
     rows.append(("embeddings.LayerNorm", _count(emb.norm)))
     if encoder.embed_proj is not None:
         rows.append((f"embedding projection ({dim} → {hidden})", _count(encoder.embed_proj)))

@@ -15,6 +15,8 @@ tables join model types, classes and pipelines:
     ForTokenClassification     …ForTokenClassification      ner         + ner               ner
     ForQuestionAnswering       …ForQuestionAnswering        qa          + qa                qa
     ForMultipleChoice          …ForMultipleChoice           —           —                   —
+    ForReplacedTokenDetection  …ForReplacedTokenDetection   —           —                   —
+      (ELECTRA's discriminator, ElectraForPreTraining on disk: a family's `head_kinds` renames a kind)
 
 Every model also embeds (the encoder under any head) and tokenizes. A sequence classifier with one
 label that is not a regression is a cross-encoder: its use is `rerank` as well (`is_cross_encoder`).
@@ -61,6 +63,10 @@ HEADS: dict[str, Head] = {h.kind: h for h in (
     Head("ForQuestionAnswering", "an extractive question-answering model", "BertForQuestionAnswering",
          "qa_outputs", "qa"),
     Head("ForMultipleChoice", "a multiple-choice model", "BertForMultipleChoice", "classifier", None),
+    # ELECTRA's discriminator (ElectraForPreTraining on disk: the family's `head_kinds`); served
+    # as an encoder, as no use reads its per-token replaced logits.
+    Head("ForReplacedTokenDetection", "a replaced-token detector (ELECTRA's discriminator, no fine-tuned "
+         "task head)", "BertForReplacedTokenDetection", "discriminator_predictions", None),
 )}
 
 
@@ -77,7 +83,8 @@ class Use:
 USES: dict[str, Use] = {u.name: u for u in (
     Use("embed", "Model", "any BERT-family checkpoint", ()),
     Use("fill-mask", "ForMaskedLM", "a masked-LM head (made by `bertkit pretrain`, or a Hugging Face "
-        "…ForMaskedLM / …ForPreTraining checkpoint of BERT, RoBERTa, ALBERT or DistilBERT)",
+        "…ForMaskedLM checkpoint, or a …ForPreTraining one of a family with a sentence head: BERT, ERNIE, "
+        "ALBERT; ELECTRA's …ForPreTraining is its discriminator, its generator the …ForMaskedLM)",
         ("fill-mask", "embed_sparse")),  # embed_sparse: SPLADE term weights from the MLM logits
     Use("classify", "ForSequenceClassification", "a sequence-classification head (made by `bertkit "
         "finetune --task classify|pair`)", ("predict",)),
@@ -116,10 +123,14 @@ PREDICT_TASKS = LABELLED_TASKS
 
 
 def kind_of(class_name: str) -> str | None:
-    """"RobertaForMaskedLM" → "ForMaskedLM"; None for a class of no family or kind bertkit implements."""
-    for prefix in (family.class_prefix for family in FAMILIES.values()):
-        if class_name.startswith(prefix) and class_name[len(prefix):] in HEADS:
-            return class_name[len(prefix):]
+    """"RobertaForMaskedLM" → "ForMaskedLM", "ElectraForPreTraining" → "ForReplacedTokenDetection";
+    None for a class of no family or kind bertkit implements."""
+    for family in FAMILIES.values():
+        if class_name.startswith(family.class_prefix):
+            theirs = class_name[len(family.class_prefix):]
+            kind = family.head_kinds.get(theirs, theirs)
+            if kind in HEADS:
+                return kind
     return None
 
 
@@ -150,7 +161,7 @@ def use_of(model_dir: str | os.PathLike) -> str:
     config = BertConfig.from_json(Path(model_dir) / "config.json")
     names = config.extra.get("architectures") or []
     if names:
-        kind = _suffix_kind(names[0])
+        kind = kind_of(names[0]) or _suffix_kind(names[0])
         use = HEADS[kind].use if kind else None
         return use if use is not None else "embed"
     return "fill-mask" if _has_tensors(Path(model_dir), "cls.predictions") else "embed"

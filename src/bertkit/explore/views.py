@@ -243,9 +243,10 @@ def visibility(explorer: Explorer, text: str, pair: str | None = None, position:
 # 2. input assembly
 # ---------------------------------------------------------------------------------------------
 def assembly(explorer: Explorer, text: str, pair: str | None = None, position: int = 0) -> dict[str, Any]:
-    """Tokens, segment and position ids, and at one position the three table rows, their sum and
-    the embedding LayerNorm's output, read from the model's own tables (as `Embeddings.forward`
-    computes them in eval mode, where dropout is the identity)."""
+    """Tokens, segment and position ids, and at one position the three table rows (and ERNIE's
+    task-type row, under "task_type", where the model has one), their sum and the embedding
+    LayerNorm's output, read from the model's own tables (as `Embeddings.forward` computes them in
+    eval mode, where dropout is the identity)."""
     enc = explorer.encode(text, pair)
     ids, segments = list(enc.ids), list(enc.type_ids)
     position = _position(position, len(ids))
@@ -259,9 +260,15 @@ def assembly(explorer: Explorer, text: str, pair: str | None = None, position: i
         segment = None
         if getattr(emb, "token_type_embeddings", None) is not None:
             segment = emb.token_type_embeddings.weight[segments[position] if emb.reads_segments else 0]  # (E,)
-        total = token + (where if where is not None else 0) + (segment if segment is not None else 0)  # (E,)
+        # A task-type table (ERNIE's) adds its row 0 to every token, as the Embeddings module does.
+        tasks = getattr(emb, "task_type_embeddings", None)
+        task_type = tasks.weight[0] if tasks is not None else None  # (E,)
+        total = (token + (where if where is not None else 0) + (segment if segment is not None else 0)
+                 + (task_type if task_type is not None else 0))  # (E,)
         normed = emb.norm(total)  # (E,)
     vectors = {"token": token, "position": where, "segment": segment, "sum": total, "layernorm": normed}
+    if task_type is not None:
+        vectors["task_type"] = task_type
     vectors = {k: None if v is None else v.detach().float() for k, v in vectors.items()}  # views of the tables
     return {"tokens": list(enc.tokens), "ids": ids, "segments": segments, "positions": rows,
             "position": position, "dims": int(token.numel()),

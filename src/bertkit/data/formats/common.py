@@ -75,7 +75,7 @@ class WordPieces:
             if ids[attr] is None:
                 raise ValueError(f"the tokenizer has no {token} token; BERT inputs need [CLS], [SEP] "
                                  "and [PAD] in the vocabulary")
-        middle, second = _pair_layout(backend, ids["sep_token_id"])
+        middle, second = _pair_layout(plain, ids["sep_token_id"])
         return cls(plain, ids["cls_token_id"], ids["sep_token_id"], ids["pad_token_id"], middle, second)
 
     @property
@@ -95,8 +95,9 @@ class WordPieces:
 def _pair_layout(backend: Any, sep_id: int) -> tuple[tuple[int, ...], int]:
     """(ids between a pair's two texts, segment id of the second) from the post-processor; BERT's
     ((sep_id,), 1) for a tokenizer that adds no special tokens to pairs."""
-    encoding = backend.post_process(backend.encode("a", add_special_tokens=False),
-                                    backend.encode("b", add_special_tokens=False))
+    # Encoded as a pair, not post-processed from two encodings: a TemplateProcessing (XLM-RoBERTa's)
+    # drops the first text's sequence id from encodings made apart, which would hide the layout.
+    encoding = backend.encode("a", "b")
     sequences = encoding.sequence_ids  # None for special tokens
     if 0 not in sequences or 1 not in sequences:
         return (sep_id,), 1
