@@ -4,7 +4,11 @@ module, not collected)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Iterator
@@ -36,3 +40,24 @@ def running_app(app, wait: float = 20.0) -> Iterator[str]:
         thread.join(wait)
         sock.close()
         assert not thread.is_alive(), "the server did not stop"
+
+
+@contextlib.contextmanager
+def serve_process(args: list[str], wait: float = 60.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`bertkit serve ARGS` in a process of its own (ARGS should bind port 0); yields the process
+    and the URL it announced. The process is killed on the way out if it still runs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bertkit.cli", "serve", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + wait
+        while not any("listening on" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stdout.readline())
+        yield proc, re.search(r"listening on (http://\S+)", lines[-1]).group(1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
