@@ -13,7 +13,6 @@ import getpass
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from web_fixtures import serve_process
+from web_fixtures import free_port, serve_process, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
@@ -45,12 +44,6 @@ def documented_config() -> str:
     blocks = re.findall(r"^```nginx\n(.*?)^```", page, flags=re.S | re.M)
     assert len(blocks) == 1, "docs/scaling.md should show one nginx block"
     return blocks[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -77,18 +70,11 @@ http {{
 }}
 """)
     proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
-                             str(prefix / "error.log")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                             str(prefix / "error.log")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{balancer}"
     try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            assert proc.poll() is None, f"nginx stopped: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, "nginx did not start"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.05)
+        wait_until_up(proc, lambda: _ready(url), "nginx", WAIT, (prefix / "error.log").read_text)
         yield url
     finally:
         proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
@@ -97,7 +83,13 @@ http {{
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-        proc.stderr.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_a_replica_killed_under_load_loses_no_request(minilm_dir, tmp_path):

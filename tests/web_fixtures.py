@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -61,3 +61,24 @@ def serve_process(args: list[str], wait: float = 60.0) -> Iterator[tuple[subproc
             proc.kill()
             proc.wait(10)
         proc.stdout.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(proc: subprocess.Popen, ready: Callable[[], bool], what: str, wait: float,
+                  output: Callable[[], str] = lambda: "") -> None:
+    """Poll `ready()` (its OSErrors count as not yet) until true; fail, showing `output()`, when
+    `proc` ends first or `wait` seconds pass."""
+    deadline = time.monotonic() + wait
+    while True:
+        assert proc.poll() is None, f"{what} stopped: {output()}"
+        assert time.monotonic() < deadline, f"{what} did not start in {wait:.0f} s"
+        with contextlib.suppress(OSError):
+            if ready():
+                return
+        time.sleep(0.05)
