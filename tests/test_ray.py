@@ -30,7 +30,6 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'be
 
 from bertkit import cli  # noqa: E402
 from bertkit.inference import Engine  # noqa: E402
-from bertkit.inference.columns import Embedder, texts_of  # noqa: E402
 from bertkit.inference.jobs import run_use_on_file  # noqa: E402
 from bertkit.ray import embed_on_ray, read_shards  # noqa: E402
 
@@ -149,35 +148,6 @@ def check_equal(out: Path, corpus: Path, single: np.ndarray) -> None:
     lines, vectors = read_shards(out)
     assert lines == usable_lines(corpus)  # the order key: each row's source line
     assert vectors.shape == single.shape and np.abs(vectors - single).max() <= 1e-6
-
-
-# ---------------------------------------------------------------------------------------------
-# the batch classes, in-process (what an actor runs)
-# ---------------------------------------------------------------------------------------------
-def test_embedder_takes_arrow_numpy_and_pandas_batches_and_pickles_without_its_model(minilm_dir):
-    import pickle
-
-    import pyarrow as pa
-
-    embedder = Embedder(minilm_dir, threads=1)
-    want = embedder.compute(SENTENCES)  # (5, 384)
-    assert embedder._engine is not None and pickle.loads(pickle.dumps(embedder))._engine is None
-    table = embedder(pa.table({"text": SENTENCES, "id": list(range(5))}))
-    assert table.column_names == ["text", "id", "embedding"]
-    assert np.array_equal(np.array(table.column("embedding").to_pylist(), dtype=np.float32), want)
-    batch = embedder({"text": np.array(SENTENCES, dtype=object)})
-    assert batch["embedding"].shape == (5, 384) and np.array_equal(batch["embedding"], want)
-    frame = embedder(table.to_pandas()[["text"]])
-    assert np.array_equal(np.stack(frame["embedding"].tolist()), want)
-
-
-def test_a_column_of_no_strings_is_one_error_naming_it(minilm_dir):
-    embedder = Embedder(minilm_dir)
-    with pytest.raises(ValueError, match="column 'text' holds int values .row 1: 3., not strings"):
-        texts_of({"text": np.array(["a", 3], dtype=object)}, "text")
-    with pytest.raises(ValueError, match="the batch has no column 'body' .columns: text."):
-        Embedder(minilm_dir, text_column="body")({"text": np.array(["a"])})
-    assert embedder._engine is None  # refused before any model was loaded
 
 
 # ---------------------------------------------------------------------------------------------
