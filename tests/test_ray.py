@@ -139,9 +139,10 @@ def map_workers(head_pid: int) -> list[int]:
 
 
 def documented_example() -> str:
-    """The Ray Data example of docs/scaling.md: its first ```python block."""
+    """The Ray Data example of docs/scaling.md: the first ```python block of its Ray section."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
-    return re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)[0]
+    section = page.split("## Ray Data", 1)[1]
+    return re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)[0]
 
 
 def check_equal(out: Path, corpus: Path, single: np.ndarray) -> None:
