@@ -8,25 +8,17 @@ where nginx is not installed (Debian: `apt-get install nginx-light`; .ci/run ins
 
 from __future__ import annotations
 
-import contextlib
-import getpass
 import re
-import shutil
 import signal
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Iterator
 
 import httpx
 import numpy as np
 import pytest
 
-from web_fixtures import free_port, serve_process, wait_until_up
+from web_fixtures import NGINX, free_port, nginx, serve_process
 
-ROOT = Path(__file__).resolve().parents[1]
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 REQUESTS = 120  # the load: this many /embed requests from CLIENTS threads
 CLIENTS = 6
 KILL_AFTER = 30  # answers before replica A is killed
@@ -38,65 +30,11 @@ pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (D
                                 "nginx-light; .ci/run installs it), so the replica test cannot run")
 
 
-def documented_config() -> str:
-    """The nginx text of docs/scaling.md: its one ```nginx block."""
-    page = (ROOT / "docs" / "scaling.md").read_text()
-    blocks = re.findall(r"^```nginx\n(.*?)^```", page, flags=re.S | re.M)
-    assert len(blocks) == 1, "docs/scaling.md should show one nginx block"
-    return blocks[0]
-
-
-@contextlib.contextmanager
-def nginx(prefix: Path, balancer: int, replicas: list[str]) -> Iterator[str]:
-    """nginx on 127.0.0.1:`balancer` in front of `replicas` (host:port), from `prefix`; yields its URL."""
-    conf = documented_config().replace("127.0.0.1:8080", f"127.0.0.1:{balancer}")
-    for documented, replica in zip(("127.0.0.1:8081", "127.0.0.1:8082"), replicas):
-        conf = conf.replace(documented, replica)
-    (prefix / "bertkit.conf").write_text(conf)
-    temps = "\n".join(f"    {kind}_temp_path {prefix / kind};" for kind in ("client_body", "proxy", "fastcgi",
-                                                                               "uwsgi", "scgi"))
-    # `user`: heeded only when the test runs as root (workers would otherwise drop to nobody,
-    # who cannot write the prefix); ignored with a warning otherwise.
-    (prefix / "nginx.conf").write_text(f"""user {getpass.getuser()};
-worker_processes 1;
-daemon off;
-pid {prefix / 'nginx.pid'};
-error_log {prefix / 'error.log'} info;
-events {{ worker_connections 256; }}
-http {{
-    access_log {prefix / 'access.log'};
-{temps}
-    include {prefix / 'bertkit.conf'};
-}}
-""")
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
-                             str(prefix / "error.log")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{balancer}"
-    try:
-        wait_until_up(proc, lambda: _ready(url), "nginx", WAIT, (prefix / "error.log").read_text)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def test_a_replica_killed_under_load_loses_no_request(minilm_dir, tmp_path):
     args = [str(minilm_dir), "--port", "0", "--threads", "1"]
     with serve_process(args) as (a, url_a), serve_process(args) as (b, url_b):
         replica_a, replica_b = url_a.removeprefix("http://"), url_b.removeprefix("http://")
-        with nginx(tmp_path, free_port(), [replica_a, replica_b]) as url:
+        with nginx(tmp_path, free_port(), [replica_a, replica_b], WAIT) as url:
             answered: list[int] = []
 
             def post(i: int) -> tuple[int, str, list[float] | None]:
