@@ -62,6 +62,10 @@ def test_classify_rerank_sparse_equal_their_library_functions(minilm_dir, tmp_pa
     by_index = {r["index"]: r["score"] for r in rerank(cross, "what fell?", SENTENCES)}
     assert np.allclose(scores, [by_index[i] for i in range(len(SENTENCES))], atol=1e-6)
 
+    numpy_batch = {"text": np.array(SENTENCES, dtype=object)}  # Ray's "numpy" batch format
+    assert Reranker(cross, query="what fell?")(numpy_batch)["score"].dtype == np.float32
+    assert list(Classifier(clf)(numpy_batch)["label"]) == [w["label"] for w in want]
+
     sparse = SparseEmbedder(mlm)(table).column("sparse").to_pylist()
     for row, (indices, values) in zip(sparse, embed_sparse(mlm, SENTENCES)):
         assert row["indices"] == indices.tolist() and np.allclose(row["values"], values.tolist(), atol=1e-6)

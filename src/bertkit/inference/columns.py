@@ -79,7 +79,12 @@ def with_column(batch: Any, name: str, values: Any) -> Any:
         batch[name] = list(values)
         return batch
     out = dict(batch)
-    out[name] = values if isinstance(values, np.ndarray) else np.array(values, dtype=object)
+    if isinstance(values, np.ndarray):
+        out[name] = values
+    elif values and isinstance(values[0], (dict, list, str)):  # labels, sparse rows: one object each
+        out[name] = np.array(values + [None], dtype=object)[:-1]  # (N,), never split into a 2-D array
+    else:
+        out[name] = np.asarray(values, dtype=np.float32)  # scores
     return out
 
 
@@ -136,9 +141,9 @@ class Embedder(BatchUse):
 
 
 class Classifier(BatchUse):
-    """`labels`: per text its best label (`label`) and its score (`score`), as `classify`."""
+    """`label` and `score`: per text its best label and that label's score, as `classify`."""
 
-    USE, COLUMN = "classify", "label"
+    USE = "classify"
 
     def __call__(self, batch: Any) -> Any:
         results = classify(self.engine, texts_of(batch, self.text_column), **self.options)

@@ -22,6 +22,7 @@ single-process job's output (`bertkit embed --input … --out X.npy`), with the 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -161,8 +162,6 @@ def embed_on_ray(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
 
 def _existing_manifest(out: Path, job: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
     """This job's manifest in `out`, or None to start afresh (removing our files when `overwrite`)."""
-    import json
-
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file; the Ray job writes a directory of Parquet shards")
     if not out.is_dir():
@@ -236,6 +235,10 @@ def _run(out: Path, missing: list[int], embedder: Embedder, address: str | None,
                                      num_cpus=actor_cpus)
         for row in written.iter_rows():
             log.info("shard %s: %d rows", row["chunk"], row["rows"])
+    except ray.exceptions.RayError as err:  # an actor that died past Ray's retries, a lost node, ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RuntimeError(f"the Ray job stopped ({type(err).__name__}: {first}); the shards written so far "
+                           f"are kept in {out}: run the same command again to compute the rest") from err
     finally:
         ray.shutdown()
 
@@ -255,8 +258,6 @@ def _summary(out: Path, manifest: dict[str, Any], written: int, started: float, 
 
 def read_shards(out_dir: str | os.PathLike) -> tuple[list[int], Any]:
     """A complete job's rows in input order: (source lines, (N, dim) float32 array)."""
-    import json
-
     import numpy as np
     import pyarrow.parquet as pq
 
