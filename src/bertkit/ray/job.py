@@ -169,7 +169,7 @@ def _existing_manifest(out: Path, job: dict[str, Any], overwrite: bool) -> dict[
     path = out / MANIFEST
     if path.is_file():
         manifest = json.loads(path.read_text())
-        if manifest.get("job") == job:
+        if manifest.get("job") == job and not overwrite:
             return manifest
         if not overwrite:
             differs = sorted(k for k in set(job) | set(manifest.get("job", {}))
