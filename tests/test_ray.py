@@ -96,7 +96,11 @@ def cluster() -> Iterator[Cluster]:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+        for _ in range(50):  # the killed processes' last writes may land after a first removal
+            shutil.rmtree(temp, ignore_errors=True)
+            if not os.path.exists(temp):
+                break
+            time.sleep(0.2)
 
 
 def command(minilm_dir: Path, corpus: Path, out: Path, address: str) -> list[str]:
