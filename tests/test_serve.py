@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +32,7 @@ from bertkit.inference import classify, embed, fill_mask, ner, qa, rerank
 from bertkit.serve import Limits, Service, build_app, load_model
 
 from model_fixtures import save_tiny
-from web_fixtures import running_app
+from web_fixtures import running_app, serve_process
 
 SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage tonight.",
              "Stocks fell.", "The central bank raised interest rates by a quarter of a point.",
@@ -224,6 +221,8 @@ def test_embed_sparse_equals_the_library_in_teis_shape(client, models):
 
 def test_health_info_metrics(client):
     assert client.get("/health").status_code == 200
+    ready = client.get("/ready")
+    assert ready.status_code == 200 and ready.content == b""
     info = client.get("/info").json()
     assert info["model_id"].endswith("model") and info["model_dtype"] == "float32"
     assert info["precision"] == "fp32" and info["max_input_length"] == 256
@@ -318,6 +317,25 @@ def test_unknown_route_is_a_json_404(client):
     assert got.status_code == 404 and got.json()["error_type"] == "not_found"
 
 
+@pytest.mark.parametrize("route", ["/health", "/ready"])
+def test_probes_take_get_only(client, route):
+    got = client.post(route, json={"inputs": "x"})
+    assert got.status_code == 405 and set(got.json()) == {"error", "error_type"}
+    assert "GET /ready" in got.json()["error"] and "GET /health" in got.json()["error"]
+
+
+def test_a_draining_server_is_alive_not_ready_and_still_answers(models):
+    service = Service({"minilm": models["minilm"]}, Limits())
+    with running(service) as c:
+        assert c.get("/ready").status_code == 200
+        service.draining = True  # what SIGTERM sets (serve's on_signal)
+        ready = c.get("/ready")
+        assert ready.status_code == 503 and ready.headers["retry-after"] == "1"
+        assert ready.json()["error_type"] == "unhealthy" and "draining" in ready.json()["error"]
+        assert c.get("/health").status_code == 200
+        assert c.post("/embed", json={"inputs": "still answered"}).status_code == 200
+
+
 def test_one_bad_request_in_a_merged_run_fails_alone(client, models, monkeypatch):
     with Gate(models["mlm"].engine, monkeypatch) as gate, ThreadPoolExecutor(3) as pool:
         first = pool.submit(client.post, "/fill-mask", json={"inputs": "a [MASK] b", "model": "mlm"})
@@ -360,9 +378,13 @@ def test_overload_is_429_with_retry_after_and_recovers(models, monkeypatch):
         assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
         assert refused.json()["error_type"] == "overloaded" and "max_concurrent_requests 2" in refused.json()["error"]
         assert c.get("/health").status_code == 200  # refusing work is not being unhealthy
+        full = c.get("/ready")  # but it is not being ready: a balancer should send work elsewhere
+        assert full.status_code == 429 and full.json()["error_type"] == "overloaded"
+        assert "all max_concurrent_requests 2 inputs are in flight" in full.json()["error"]
         gate.opened.set()
         assert [f.result(WAIT).status_code for f in held] == [200, 200]
         assert c.post("/embed", json={"inputs": "again"}).status_code == 200
+        assert c.get("/ready").status_code == 200
         assert 'outcome="overloaded"' in c.get("/metrics").text
     assert service.admission.free == 2
 
@@ -388,19 +410,13 @@ def test_a_departed_client_has_its_work_dropped(models, monkeypatch):
 # the command: default bind, SIGTERM drains, the CLI error contract
 # ---------------------------------------------------------------------------------------------
 def test_cli_binds_loopback_by_default_and_sigterm_finishes_in_flight(model_dirs):
+    """SIGTERM: /ready turns 503 at once while /health stays 200, for --drain-seconds every request
+    is still answered (the one in flight and new ones), then the port closes and the process exits 0."""
     parser = cli.command_parsers(cli.build_parser())["serve"]
     assert parser.parse_args([str(model_dirs["minilm"])]).host == "127.0.0.1"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "bertkit.cli", "serve", str(model_dirs["minilm"]),
-                             f"mlm={model_dirs['mlm']}", "--port", "0", "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        lines = []
-        deadline = time.monotonic() + 60
-        while not any("listening on" in line for line in lines):
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
-            lines.append(proc.stdout.readline())
-        url = re.search(r"listening on (http://\S+)", lines[-1]).group(1)
+    assert parser.parse_args([str(model_dirs["minilm"])]).drain_seconds == 0
+    with serve_process([str(model_dirs["minilm"]), f"mlm={model_dirs['mlm']}", "--port", "0", "--threads", "1",
+                        "--drain-seconds", "5"]) as (proc, url):
         assert url.startswith("http://127.0.0.1:")
         long_batch = {"inputs": [" ".join(SENTENCES * 4)] * 32, "truncate": True}
         with ThreadPoolExecutor(1) as pool:
@@ -410,15 +426,19 @@ def test_cli_binds_loopback_by_default_and_sigterm_finishes_in_flight(model_dirs
             while "bertkit_inputs_in_flight 32.0" not in httpx.get(f"{url}/metrics", timeout=30).text:
                 assert time.monotonic() < deadline and not in_flight.done(), "the request never got in flight"
                 time.sleep(0.02)
+            assert httpx.get(f"{url}/ready", timeout=30).status_code == 200
             proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while (ready := httpx.get(f"{url}/ready", timeout=30)).status_code != 503:
+                assert time.monotonic() < deadline, "/ready never said no after SIGTERM"
+                time.sleep(0.02)
+            assert "draining" in ready.json()["error"]
+            assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+            late = httpx.post(f"{url}/embed", json={"inputs": "sent while draining"}, timeout=60)
+            assert late.status_code == 200
             response = in_flight.result(60)
         assert response.status_code == 200 and len(response.json()) == 32
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        proc.stdout.close()
 
 
 def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
@@ -436,6 +456,8 @@ def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
         busy.close()
     assert cli.main(["serve", str(model_dirs["mlm"]), "--max-client-batch-size", "600"]) == 2
     assert "more than --max-concurrent-requests 512" in capsys.readouterr().err
+    assert cli.main(["serve", str(model_dirs["mlm"]), "--drain-seconds", "-1"]) == 2
+    assert "--drain-seconds must be 0 or more, got -1" in capsys.readouterr().err
 
 
 def test_listening_socket_is_tcp_so_answers_are_sent_without_nagle_delay():
@@ -461,6 +483,7 @@ def test_api_key_is_required_except_on_health(models):
         assert c.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert c.get("/metrics").status_code == 401
         assert c.get("/health").status_code == 200
+        assert c.get("/ready").status_code == 200  # a balancer's probe carries no key either
 
 
 def test_freed_heap_memory_is_given_back_between_runs(models, monkeypatch):

@@ -1,13 +1,25 @@
-"""An ASGI app under uvicorn on 127.0.0.1 in a thread, for the tests that talk HTTP to it (a helper
+"""An ASGI app under uvicorn on 127.0.0.1 in a thread, `bertkit serve` in a process of its own, and
+nginx in front of replicas, for the tests (and bench/scale_out.py) that talk HTTP to them (a helper
 module, not collected)."""
 
 from __future__ import annotations
 
 import contextlib
+import getpass
+import os
+import re
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 
 
 @contextlib.contextmanager
@@ -77,3 +89,102 @@ def hold_runs(monkeypatch, engine, wait: float) -> tuple[threading.Event, thread
 
     monkeypatch.setattr(engine, "run", held)
     return opened, entered
+
+
+@contextlib.contextmanager
+def serve_process(args: list[str], wait: float = 60.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`bertkit serve ARGS` in a process of its own (ARGS should bind port 0); yields the process
+    and the URL it announced. The process is killed on the way out if it still runs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bertkit.cli", "serve", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + wait
+        while not any("listening on" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stdout.readline())
+        yield proc, re.search(r"listening on (http://\S+)", lines[-1]).group(1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(proc: subprocess.Popen, ready: Callable[[], bool], what: str, wait: float,
+                  output: Callable[[], str] = lambda: "") -> None:
+    """Poll `ready()` (its OSErrors count as not yet) until true; fail, showing `output()`, when
+    `proc` ends first or `wait` seconds pass."""
+    deadline = time.monotonic() + wait
+    while True:
+        assert proc.poll() is None, f"{what} stopped: {output()}"
+        assert time.monotonic() < deadline, f"{what} did not start in {wait:.0f} s"
+        with contextlib.suppress(OSError):
+            if ready():
+                return
+        time.sleep(0.05)
+
+
+def documented_nginx_config() -> str:
+    """The nginx text of docs/scaling.md: its one ```nginx block."""
+    page = (ROOT / "docs" / "scaling.md").read_text()
+    blocks = re.findall(r"^```nginx\n(.*?)^```", page, flags=re.S | re.M)
+    assert len(blocks) == 1, "docs/scaling.md should show one nginx block"
+    return blocks[0]
+
+
+@contextlib.contextmanager
+def nginx(prefix: Path, balancer: int, replicas: list[str], wait: float = 60.0) -> Iterator[str]:
+    """nginx on 127.0.0.1:`balancer` in front of `replicas` (host:port), run as this user from
+    `prefix` with docs/scaling.md's configuration (its ports replaced); yields its URL once it
+    answers /ready, and stops it (gracefully, then by force) on the way out."""
+    import httpx
+
+    conf = documented_nginx_config().replace("127.0.0.1:8080", f"127.0.0.1:{balancer}")
+    for documented, replica in zip(("127.0.0.1:8081", "127.0.0.1:8082"), replicas):
+        conf = conf.replace(documented, replica)
+    (prefix / "bertkit.conf").write_text(conf)
+    temps = "\n".join(f"    {kind}_temp_path {prefix / kind};" for kind in ("client_body", "proxy", "fastcgi",
+                                                                               "uwsgi", "scgi"))
+    # `user`: heeded only when run as root (workers would otherwise drop to nobody, who cannot
+    # write the prefix); ignored with a warning otherwise.
+    (prefix / "nginx.conf").write_text(f"""user {getpass.getuser()};
+worker_processes 1;
+daemon off;
+pid {prefix / 'nginx.pid'};
+error_log {prefix / 'error.log'} info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {prefix / 'access.log'};
+{temps}
+    include {prefix / 'bertkit.conf'};
+}}
+""")
+    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e",
+                             str(prefix / "error.log")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{balancer}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until_up(proc, ready, "nginx", wait, (prefix / "error.log").read_text)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

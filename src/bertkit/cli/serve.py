@@ -59,6 +59,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_engine_arguments(p, max_batch_tokens_help="real tokens per model run, all requests together (8192)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight at shutdown (30)")
+    p.add_argument("--drain-seconds", type=float, default=0.0,
+                   help="seconds between SIGTERM and closing the port, answering every request while GET "
+                   "/ready says 503, so a load balancer polling /ready stops sending work first (0)")
     p.set_defaults(func=_run_serve)
 
 
@@ -68,6 +71,8 @@ def _run_serve(args: argparse.Namespace) -> None:
     from bertkit.serve.adapters import ServedAdapters, parse_adapter_args
     from bertkit.util.web import listen
 
+    if args.drain_seconds < 0:
+        raise ValueError(f"--drain-seconds must be 0 or more, got {args.drain_seconds}")
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
                     max_client_batch_size=args.max_client_batch_size,
                     openai_max_batch_size=args.openai_max_batch_size,
@@ -112,4 +117,4 @@ def _run_serve(args: argparse.Namespace) -> None:
               f"{'its own model ' + info['model_dir'] if index.own_model else 'model ' + index.model.name})")
     print(f"listening on http://{args.host}:{sock.getsockname()[1]} (SIGTERM or Ctrl-C stops, "
           "finishing requests in flight)", flush=True)
-    serve(service, sockets=[sock], graceful_timeout=args.graceful_timeout)
+    serve(service, sockets=[sock], graceful_timeout=args.graceful_timeout, drain_seconds=args.drain_seconds)

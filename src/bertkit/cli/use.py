@@ -134,10 +134,20 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
                    "passage number and character offsets beside it (OUT.passages.jsonl); 0: one row "
                    "per text, cut at the model's length (default)")
     g.add_argument("--passage-overlap", type=int, default=0, help="pieces shared by neighbouring passages (0)")
+    g = p.add_argument_group("on a Ray cluster (with --input; needs `pip install 'bertkit[ray]'`)")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="embed --input on Ray Data into --out DIR: Parquet shards of `line` and `embedding` "
+                   "and a manifest; run again after a kill and only the missing shards are computed. "
+                   "ADDRESS: the cluster's HOST:PORT (default: the cluster this machine runs, else a local one)")
+    g.add_argument("--ray-actors", type=int, default=2, help="actors, each with its own engine (2)")
+    g.add_argument("--ray-actor-cpus", type=int, default=1, help="each actor's num_cpus, hence its threads (1)")
+    g.add_argument("--ray-chunk-size", type=int, default=10_000, help="input rows per shard (10,000)")
     p.set_defaults(func=_run_embed)
 
 
 def _run_embed(args: argparse.Namespace) -> None:
+    if args.sparse and args.ray is not None:
+        raise ValueError("--ray writes dense embeddings; leave out --sparse (or --ray)")
     if args.sparse:
         return _run_embed_sparse(args)
     if args.top_k is not None:
@@ -149,6 +159,8 @@ def _run_embed(args: argparse.Namespace) -> None:
     settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
                    prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+    if args.ray is not None:
+        return _embed_on_ray(args, options)
     if args.passage_tokens or args.passage_overlap:
         return _embed_passages(args, options)
     engine = _use_engine(args, "embed", **options)
@@ -165,6 +177,29 @@ def _run_embed(args: argparse.Namespace) -> None:
     sims = unit_vectors @ unit_vectors.T
     for i, text in enumerate(args.texts):
         print("  " + " ".join(f"{float(s):6.3f}" for s in sims[i]) + f"  {text}")
+
+
+def _embed_on_ray(args: argparse.Namespace, options: dict) -> None:
+    """embed --input FILE --out DIR --ray [ADDRESS]: Parquet shards written by a pool of Ray actors."""
+    from bertkit.ray.job import embed_on_ray, need_ray
+    from bertkit.util.fileio import model_directory
+
+    need_ray()
+    if args.texts or not args.input or not args.out:
+        raise ValueError("--ray embeds a file: give --input FILE --out DIR, not texts on the command line")
+    if args.passage_tokens or args.passage_overlap:
+        raise ValueError("--ray writes one embedding per input row; leave out --passage-tokens / --passage-overlap")
+    engine_options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
+                          truncate=args.truncate, max_length=args.max_length)
+    summary = embed_on_ray(model_directory(args.model), args.input, args.out, address=args.ray or None,
+                           actors=args.ray_actors, actor_cpus=args.ray_actor_cpus, chunk_size=args.ray_chunk_size,
+                           overwrite=args.overwrite, fmt=args.input_format, text_field=args.text_field,
+                           engine_options=engine_options, **options)
+    state = ("already complete" if summary["already_complete"] else
+             f"{summary['written']} written now, {summary['done_before']} done before")
+    print(f"{summary['rows']:,} rows ({summary['skipped']:,} skipped) in {summary['shards']} Parquet shards of "
+          f"line and embedding ({summary['dim']} floats) under {summary['out']} ({state}) in "
+          f"{summary['seconds']:.1f} s")
 
 
 def _run_embed_sparse(args: argparse.Namespace) -> None:

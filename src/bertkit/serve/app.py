@@ -111,6 +111,11 @@ ROUTES: list[RouteSpec] = [
                                        schemas.SearchResponse)),
     RouteSpec(routes.route_health, _op("/health", "get", "health", "200 when the model thread runs",
                                        errors=(503,), timed=False, media_type=None), open_route=True),
+    # for a load balancer: 200 only while new work is welcome (model thread up, not draining, a
+    # permit free), so /health stays a liveness check that a full or stopping replica still passes
+    RouteSpec(routes.route_ready, _op("/ready", "get", "ready", "200 while this replica takes new work: the "
+                                      "model thread runs, no SIGTERM yet, an admission permit free",
+                                      errors=(429, 503), timed=False, media_type=None), open_route=True),
     RouteSpec(routes.route_info, _op("/info", "get", "info", "The default model, every model and index, the "
                                      "limits (TEI)",
                                      response=schemas.Info, errors=GET_ERRORS, timed=False)),
@@ -236,8 +241,14 @@ def build_app(service: Service) -> Starlette:
 
 
 def serve(service: Service, host: str = "127.0.0.1", port: int = 8080, *, sockets=None,
-          graceful_timeout: float = 30.0) -> None:
-    """Run the service under uvicorn until SIGINT/SIGTERM: then stop taking connections, finish
-    the requests in flight (up to `graceful_timeout` s), drain the model thread, return (exit 0)."""
+          graceful_timeout: float = 30.0, drain_seconds: float = 0.0) -> None:
+    """Run the service under uvicorn until SIGINT/SIGTERM: then /ready answers 503 while every
+    request is still served for `drain_seconds` (a balancer's probes take the replica out of its
+    pool), then stop taking connections, finish the requests in flight (up to `graceful_timeout`
+    s), drain the model thread, return (exit 0)."""
+
+    def draining() -> None:
+        service.draining = True
+
     web.run(build_app(service), sockets=sockets, host=host, port=port, graceful_timeout=graceful_timeout,
-            lifespan="on")
+            lifespan="on", drain=drain_seconds, on_signal=draining)

@@ -3,6 +3,7 @@
 text-embeddings-inference's routes and JSON (`router/src/http/server.rs`): POST / (dispatched
 by the body and the model's head, as TEI's), /embed,
 /embed_all, /embed_sparse, /similarity, /rerank, /predict, /tokenize, /decode; GET /health, /info, /metrics;
+GET /ready (a replica's readiness, apart from /health's liveness);
 and the uses TEI lacks: POST /fill-mask, /ner, /qa. OpenAI's routes are in openai.py. Request
 and answer shapes are declared in schemas.py; app.py lists every route once.
 """
@@ -278,6 +279,14 @@ async def route_health(service: Service, request: Request) -> Response:
     if service.scheduler is None or not service.scheduler.alive:
         raise ServeError(ErrorType.UNHEALTHY, "the model thread is not running (starting or shutting down)",
                          retry_after=1)
+    return Response(status_code=200)
+
+
+async def route_ready(service: Service, request: Request) -> Response:
+    """Readiness, apart from liveness (/health): 200 while this process takes new work."""
+    problem = service.unready()
+    if problem is not None:
+        raise problem
     return Response(status_code=200)
 
 

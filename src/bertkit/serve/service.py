@@ -67,6 +67,24 @@ class Service:
         self.metrics = Metrics()
         self.admission = Admission(self.limits)
         self.scheduler: Scheduler | None = None  # made when the app starts (it owns threads)
+        self.draining = False  # set at SIGTERM: still answering, no longer asking for work (/ready)
+
+    def unready(self) -> ServeError | None:
+        """Why a load balancer should send this process no new work now, or None when it may:
+        the model thread is not running (starting or stopped), the process is draining after a
+        SIGTERM, or every admission permit is taken (a new input would be refused with 429)."""
+        if self.scheduler is None or not self.scheduler.alive:
+            return ServeError(ErrorType.UNHEALTHY, "the model thread is not running (starting or shutting "
+                              "down)", retry_after=1)
+        if self.draining:
+            return ServeError(ErrorType.UNHEALTHY, "draining: the server was asked to stop and answers "
+                              "only what it is sent until it closes; send new work to another replica",
+                              retry_after=1)
+        if self.admission.free == 0:
+            return ServeError(ErrorType.OVERLOADED, f"all max_concurrent_requests {self.admission.capacity} "
+                              "inputs are in flight; send new work to another replica or retry after "
+                              f"{self.limits.retry_after} s", retry_after=self.limits.retry_after)
+        return None
 
     def names(self) -> list[str]:
         return [*self.models, *self.aliases]

@@ -13,7 +13,7 @@ import contextlib
 import signal
 import socket
 import threading
-from typing import Any
+from typing import Any, Callable
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -37,12 +37,34 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def run(app: Any, *, sockets: list[socket.socket] | None = None, host: str = "127.0.0.1", port: int = 8000,
-        graceful_timeout: float | None = None, lifespan: str = "auto") -> None:
+        graceful_timeout: float | None = None, lifespan: str = "auto", drain: float = 0.0,
+        on_signal: Callable[[], None] | None = None) -> None:
     """Serve `app` (ASGI) under uvicorn until SIGINT / SIGTERM, then stop taking connections,
-    finish the requests in flight (up to `graceful_timeout` s; None: no limit) and return."""
+    finish the requests in flight (up to `graceful_timeout` s; None: no limit) and return.
+
+    on_signal: called at the first signal (the app's readiness turns false there).
+    drain: seconds between that signal and closing the listening socket, while every request is
+    still answered: a load balancer that polls readiness takes the process out of its pool in
+    that time, instead of learning of the stop from refused connections. A second signal ends the
+    wait at once.
+    """
     import uvicorn
 
     class Server(uvicorn.Server):
+        signalled = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.signalled:
+                self.signalled = True
+                if on_signal is not None:
+                    on_signal()
+                if drain > 0:
+                    timer = threading.Timer(drain, lambda: setattr(self, "should_exit", True))
+                    timer.daemon = True
+                    timer.start()
+                    return
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self):
             # uvicorn's own handler re-raises the signal once drained; a drained stop is a clean exit.
