@@ -173,3 +173,26 @@ def test_commands_run_each_head_of_the_family(family, checkpoints, tmp_path, cap
     assert len(vectors) == len(TEXTS)
     assert main(["fill-mask", str(checkpoints[family]), "--json", f"Paris is the {MASK[family]} of France."]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_sentence_transformers_mpnet_directory_embeds_as_sentence_transformers(checkpoints, tmp_path):
+    """all-mpnet-base-v2's layout (modules.json: Transformer, mean Pooling, Normalize) made by
+    sentence-transformers from a tiny MPNet: bertkit's vectors equal its encode, and the tokenizer
+    gives transformers' ids on text in several scripts and on pairs."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer, models
+
+    from bertkit.data.tokenizer import BertTokenizer
+
+    word = models.Transformer(str(checkpoints["mpnet"]))
+    pooling = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[word, pooling, models.Normalize()], device="cpu").save(str(tmp_path / "st"))
+    model = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    texts = [*TEXTS, "北京是中国的首都。", "مرحبا بالعالم، كيف حالك؟", "Ça va très bien 🙂"]
+    theirs = torch.as_tensor(model.encode(texts, convert_to_numpy=True))
+    assert float((torch.as_tensor(embed(tmp_path / "st", texts)) - theirs).abs().max()) <= 1e-5
+    ours = BertTokenizer.from_pretrained(checkpoints["mpnet"])
+    reference = transformers.AutoTokenizer.from_pretrained(checkpoints["mpnet"])
+    pairs = ["x y", "second one", "z", "the end", "b", "c"]
+    assert [e.ids for e in ours.encode_batch(texts)] == reference(texts)["input_ids"]
+    assert [e.ids for e in ours.encode_batch(texts, pairs)] == reference(texts, pairs)["input_ids"]
