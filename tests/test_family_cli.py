@@ -37,6 +37,9 @@ def test_info_shows_the_family_table(family, checkpoints, capsys):
     assert ("embeddings.segment" in out) == (family not in ("distilbert", "mpnet"))
     if family == "albert":
         assert "embedding projection (14 → 36)" in out and "shared by depths 0-2, counted once" in out
+    if family == "mpnet":
+        assert "relative position bias (32 × 3, all layers)" in out
+        assert out.splitlines()[-1].split() == ["total", "30,052"]  # transformers' num_parameters()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
