@@ -3,7 +3,8 @@
 `make_checkpoint(family, out_dir)` writes what a user would download: config.json, the weights
 and the tokenizer files transformers saves for that family (RoBERTa: vocab.json + merges.txt +
 tokenizer.json; ALBERT: a Unigram tokenizer.json; XLM-RoBERTa and CamemBERT: a SentencePiece
-Unigram tokenizer.json with fairseq's ids; DistilBERT, ERNIE and ELECTRA: vocab.txt + tokenizer.json).
+Unigram tokenizer.json with fairseq's ids; DistilBERT, ERNIE and ELECTRA: vocab.txt + tokenizer.json;
+MPNet: a WordPiece tokenizer.json with `<s>` / `</s>` markers).
 Random weights, tiny sizes; nothing downloads. Used by the tests and the README's examples.
 """
 
@@ -24,7 +25,7 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello to
 SCRIPTS = ["北京是中国的首都。", "مرحبا بالعالم، كيف حالك؟", "Ça va très bien, merci à vous.",
            "Emoji 🙂 and ✨ too."] * 10
 PREFIX = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "albert": "Albert",
-          "distilbert": "DistilBert", "ernie": "Ernie", "electra": "Electra"}
+          "distilbert": "DistilBert", "ernie": "Ernie", "electra": "Electra", "mpnet": "MPNet"}
 # RoBERTa and its SentencePiece descendants: fairseq's ids (<s> 0, <pad> 1, </s> 2, <unk> 3).
 FAIRSEQ = ("roberta", "xlm-roberta", "camembert")
 
@@ -111,6 +112,20 @@ def _wordpiece_tokenizer(work: Path):
     return transformers.BertTokenizer.from_pretrained(work)
 
 
+def _mpnet_tokenizer(work: Path):
+    """MPNet's WordPiece (MPNetTokenizer): `<s> A </s></s> B </s>`, [UNK], fairseq's first ids."""
+    import transformers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "[UNK]", "<mask>"])
+    tok.train_from_iterator(CORPUS + SCRIPTS, trainer)
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    (work / "vocab.txt").write_text("".join(f"{t}\n" for t, _ in vocab), encoding="utf-8")
+    return transformers.MPNetTokenizer.from_pretrained(work)
+
+
 def hf_config(family: str, vocab_size: int, **extra):
     import transformers
 
@@ -126,6 +141,9 @@ def hf_config(family: str, vocab_size: int, **extra):
     if family == "ernie":  # with ERNIE 3.0's task-type table
         return transformers.ErnieConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
                                         intermediate_size=41, use_task_id=True, **common)
+    if family == "mpnet":
+        return transformers.MPNetConfig(hidden_size=36, num_hidden_layers=2, num_attention_heads=3,
+                                        intermediate_size=41, **common)
     if family == "electra":  # embeddings narrower than the layers, as ELECTRA-small's generator
         return transformers.ElectraConfig(embedding_size=14, hidden_size=36, num_hidden_layers=2,
                                           num_attention_heads=3, intermediate_size=41, **common)
@@ -142,7 +160,7 @@ def make_checkpoint(family: str, out_dir: str | Path, kind: str = "ForMaskedLM",
                      "xlm-roberta": _sentencepiece_tokenizer("xlm-roberta"),
                      "camembert": _sentencepiece_tokenizer("camembert"),
                      "distilbert": _wordpiece_tokenizer, "ernie": _wordpiece_tokenizer,
-                     "electra": _wordpiece_tokenizer}[family](Path(work))
+                     "electra": _wordpiece_tokenizer, "mpnet": _mpnet_tokenizer}[family](Path(work))
     torch.manual_seed(seed)
     model = getattr(transformers, PREFIX[family] + kind)(hf_config(family, len(tokenizer), **extra)).eval()
     model.save_pretrained(out_dir)

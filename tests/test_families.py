@@ -28,7 +28,7 @@ from bertkit.train import lora
 SRC = Path(bertkit.__file__).parent
 # The rooms that may name a family: the records, and the encoder that builds each family's layers.
 ALLOWED = ("families.py", "encoder/")
-NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie", "electra"}
+NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie", "electra", "mpnet"}
 
 
 # ------------------------------------------------------------------------------------------- (a)

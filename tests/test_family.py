@@ -1,4 +1,4 @@
-"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT, DistilBERT, ERNIE and ELECTRA: parity with transformers,
+"""RoBERTa, XLM-RoBERTa, CamemBERT, ALBERT, DistilBERT, ERNIE, ELECTRA and MPNet: parity with transformers,
 checkpoints both ways, packed path.
 
 Each family is a tiny random transformers model with odd, distinct sizes (nothing downloads),
@@ -26,7 +26,7 @@ VOCAB, LENGTH, BATCH = 97, 13, 4
 
 
 def hf_config(family: str, **extra):
-    common = dict(vocab_size=VOCAB, max_position_embeddings=40, initializer_range=0.2, **extra)
+    common = {"vocab_size": VOCAB, "max_position_embeddings": 40, "initializer_range": 0.2, **extra}
     if family in FAIRSEQ:
         return getattr(transformers, PREFIX[family] + "Config")(
             hidden_size=30, num_hidden_layers=3, num_attention_heads=3, intermediate_size=37, type_vocab_size=1,
@@ -41,6 +41,10 @@ def hf_config(family: str, **extra):
         return transformers.ErnieConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
                                         intermediate_size=37, use_task_id=True, task_type_vocab_size=3,
                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+    if family == "mpnet":  # 32 buckets: 8 exact distances and 8 logarithmic ones up to 128 each way
+        return transformers.MPNetConfig(hidden_size=30, num_hidden_layers=3, num_attention_heads=3,
+                                        intermediate_size=37, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0, **common)
     if family == "electra":  # embeddings of width 14 projected to 30
         return transformers.ElectraConfig(**{"embedding_size": 14, **common}, hidden_size=30, num_hidden_layers=3,
                                           num_attention_heads=3, intermediate_size=37, hidden_dropout_prob=0.0,
@@ -55,13 +59,16 @@ FAMILIES = tuple(PREFIX)
 PAIRED = ("albert", "ernie", "electra")
 # The families without a pooler.
 NO_POOLER = ("distilbert", "electra")
+# The families whose padding id is 1 (fairseq's dictionary) and whose transformers classes take no segments.
+PAD_ONE = (*FAIRSEQ, "mpnet")
+NO_SEGMENTS = ("distilbert", "mpnet")
 
 
 def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """A right-padded batch of 4 rows, lengths 13, 9, 6, 11; pairs (segment 1 after the middle)
     where the family has segments. Ids avoid the padding id, as real text does."""
     g = torch.Generator().manual_seed(seed)
-    pad = 1 if family in FAIRSEQ else 0
+    pad = 1 if family in PAD_ONE else 0
     ids = torch.randint(3, VOCAB, (BATCH, LENGTH), generator=g)
     mask = torch.zeros(BATCH, LENGTH, dtype=torch.long)
     types = torch.zeros(BATCH, LENGTH, dtype=torch.long)
@@ -74,7 +81,7 @@ def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def hf_inputs(family: str, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in b.items() if not (family == "distilbert" and k == "token_type_ids")}
+    return {k: v for k, v in b.items() if not (family in NO_SEGMENTS and k == "token_type_ids")}
 
 
 def both(family: str, kind: str, tmp_path, **config_extra):
@@ -284,6 +291,46 @@ def test_electra_without_projection_where_the_widths_agree(tmp_path):
     round_trip(theirs, ours, tmp_path, "electra", b)
 
 
+def test_mpnet_relative_buckets_equal_transformers():
+    """Every distance of ±300 falls in transformers' bucket (32 buckets, as its attention reads them),
+    and a table smaller than that is refused naming the key."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    from bertkit.encoder.relative import bucket
+
+    distances = torch.arange(-300, 301)[None, :]
+    assert torch.equal(bucket(distances, 32), MPNetEncoder.relative_position_bucket(distances, 32))
+    with pytest.raises(ValueError, match="relative_attention_num_buckets 12 is below the 32 buckets"):
+        BertConfig.from_dict({"model_type": "mpnet", "relative_attention_num_buckets": 12})
+
+
+def test_mpnet_long_sequences_past_the_largest_distance(tmp_path):
+    """Rows of 150, 140, 9 and 150 tokens (distances past max_distance 128 share the last bucket):
+    padded and packed equal transformers, the packed path in any order and for the first tokens alone."""
+    theirs, ours = both("mpnet", "Model", tmp_path, max_position_embeddings=160)
+    g = torch.Generator().manual_seed(3)
+    lengths = (150, 140, 9, 150)
+    ids = torch.randint(3, VOCAB, (4, 150), generator=g)
+    mask = (torch.arange(150)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 1)
+    real = mask.bool()
+    with torch.no_grad():
+        ref = theirs(input_ids=ids, attention_mask=mask)
+        out = ours(input_ids=ids, attention_mask=mask)
+        first = ours(input_ids=ids, attention_mask=mask, first_only=True)
+        order = [2, 0, 3, 1]
+        flat = ours.forward_packed(ids[order][real[order]], torch.zeros(int(real.sum()), dtype=torch.long),
+                                   Packed.from_lengths([lengths[i] for i in order]))
+        flat_first = ours.forward_packed(ids[real], torch.zeros(int(real.sum()), dtype=torch.long),
+                                         Packed.from_lengths(list(lengths)), first_only=True)
+    close(out.last_hidden_state[real], ref.last_hidden_state[real])
+    close(out.pooler_output, ref.pooler_output)
+    close(first.last_hidden_state[:, 0], ref.last_hidden_state[:, 0])
+    close(flat.hidden, ref.last_hidden_state[order][real[order]])
+    close(flat_first.hidden, ref.last_hidden_state[:, 0])
+    assert ours.relative_bias.weight.shape == (32, 3)
+
+
 def test_single_segment_roberta_ignores_segment_ids(tmp_path):
     """BERT-style pair encoders mark segment B with 1s; RoBERTa (one type) adds row 0 regardless."""
     _, ours = both("roberta", "Model", tmp_path)
@@ -333,7 +380,8 @@ def test_configs_round_trip_under_their_own_keys(tmp_path):
         theirs = json.loads((tmp_path / family / "config.json").read_text())
         again = json.loads((tmp_path / f"{family}-ours" / "config.json").read_text())
         for key in ("dim", "n_layers", "n_heads", "hidden_dim", "embedding_size", "num_hidden_groups", "use_task_id",
-                    "inner_group_num", "classifier_dropout_prob", "type_vocab_size", "pad_token_id"):
+                    "inner_group_num", "classifier_dropout_prob", "type_vocab_size", "pad_token_id",
+                    "relative_attention_num_buckets"):
             assert theirs.get(key) == again.get(key), (family, key)
     distil = BertConfig.from_json(tmp_path / "distilbert")
     assert (distil.hidden_size, distil.num_hidden_layers, distil.intermediate_size) == (30, 3, 37)

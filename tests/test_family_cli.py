@@ -1,4 +1,4 @@
-"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT, a DistilBERT, an ERNIE and an ELECTRA checkpoint made
+"""A RoBERTa, an XLM-RoBERTa, a CamemBERT, an ALBERT, a DistilBERT, an ERNIE, an ELECTRA and an MPNet checkpoint made
 by transformers go through info, fill-mask, embed, finetune and predict, with outputs equal to
 transformers' on the same files."""
 
@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = tuple(PREFIX)
 MASK = {"roberta": "<mask>", "xlm-roberta": "<mask>", "camembert": "<mask>", "albert": "[MASK]",
-        "distilbert": "[MASK]", "ernie": "[MASK]", "electra": "[MASK]"}
+        "distilbert": "[MASK]", "ernie": "[MASK]", "electra": "[MASK]", "mpnet": "<mask>"}
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "A dog ran in the park today."]
 
 
@@ -34,9 +34,12 @@ def test_info_shows_the_family_table(family, checkpoints, capsys):
     assert main(["info", str(checkpoints[family])]) == 0
     out = capsys.readouterr().out
     assert f"{PREFIX[family]}ForMaskedLM" in out
-    assert ("embeddings.segment" in out) == (family != "distilbert")
+    assert ("embeddings.segment" in out) == (family not in ("distilbert", "mpnet"))
     if family == "albert":
         assert "embedding projection (14 → 36)" in out and "shared by depths 0-2, counted once" in out
+    if family == "mpnet":
+        assert "relative position bias (32 × 3, all layers)" in out
+        assert out.splitlines()[-1].split() == ["total", "30,052"]  # transformers' num_parameters()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -173,3 +176,26 @@ def test_commands_run_each_head_of_the_family(family, checkpoints, tmp_path, cap
     assert len(vectors) == len(TEXTS)
     assert main(["fill-mask", str(checkpoints[family]), "--json", f"Paris is the {MASK[family]} of France."]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_sentence_transformers_mpnet_directory_embeds_as_sentence_transformers(checkpoints, tmp_path):
+    """all-mpnet-base-v2's layout (modules.json: Transformer, mean Pooling, Normalize) made by
+    sentence-transformers from a tiny MPNet: bertkit's vectors equal its encode, and the tokenizer
+    gives transformers' ids on text in several scripts and on pairs."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer, models
+
+    from bertkit.data.tokenizer import BertTokenizer
+
+    word = models.Transformer(str(checkpoints["mpnet"]))
+    pooling = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[word, pooling, models.Normalize()], device="cpu").save(str(tmp_path / "st"))
+    model = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    texts = [*TEXTS, "北京是中国的首都。", "مرحبا بالعالم، كيف حالك؟", "Ça va très bien 🙂"]
+    theirs = torch.as_tensor(model.encode(texts, convert_to_numpy=True))
+    assert float((torch.as_tensor(embed(tmp_path / "st", texts)) - theirs).abs().max()) <= 1e-5
+    ours = BertTokenizer.from_pretrained(checkpoints["mpnet"])
+    reference = transformers.AutoTokenizer.from_pretrained(checkpoints["mpnet"])
+    pairs = ["x y", "second one", "z", "the end", "b", "c"]
+    assert [e.ids for e in ours.encode_batch(texts)] == reference(texts)["input_ids"]
+    assert [e.ids for e in ours.encode_batch(texts, pairs)] == reference(texts, pairs)["input_ids"]

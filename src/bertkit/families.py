@@ -31,6 +31,9 @@ EMBEDDING_PROJECTIONS = (None, "always", "if_differs")
 # The encoder layers a family runs: BERT's post-LayerNorm layers (`encoder/model.py`) or ModernBERT's
 # pre-LN, rotary, GeGLU, local–global ones (`encoder/modern.py`).
 LAYERS = ("bert", "modern")
+# A bias added to every layer's attention scores by relative distance: none, or MPNet's bucketed
+# table, one row of heads per bucket, shared by the layers (`encoder/relative.py`).
+RELATIVE_ATTENTIONS = (None, "bucketed")
 
 # A LoRA target adapts (bertkit's module in a layer, the third of the fused qkv it lands on, or
 # None for the whole module) pairs; one target may name two modules (ModernBERT's two Wo).
@@ -102,6 +105,8 @@ class Family:
     # The MLM head's activation where the architecture fixes it (fairseq's RobertaLMHead calls exact
     # GELU whatever hidden_act says); None: hidden_act.
     mlm_activation: str | None = None
+    # One of RELATIVE_ATTENTIONS; relative_attention_num_buckets is a config field only where there is one.
+    relative_attention: str | None = None
     # The family's config.json keys → the BertConfig fields they are (read in, written back).
     config_keys: Mapping[str, str] = field(default_factory=dict)
     # BertConfig fields the family has no config.json key for, fixed by its architecture.
@@ -127,12 +132,17 @@ TOKENIZER_JSON = TokenizerLayout("json", ("tokenizer.json",), "PreTrainedTokeniz
 # sentencepiece.bpe.model beside it is the same model): fairseq's special tokens and pairs.
 XLMR_JSON = TokenizerLayout("json", ("tokenizer.json",), "XLMRobertaTokenizer", _FAIRSEQ_SPECIALS)
 CAMEMBERT_JSON = TokenizerLayout("json", ("tokenizer.json",), "CamembertTokenizer", _FAIRSEQ_SPECIALS)
+# MPNet's WordPiece with fairseq's markers (`<s> A </s></s> B </s>`) and BERT's unknown token.
+MPNET_JSON = TokenizerLayout("json", ("tokenizer.json",), "MPNetTokenizer", {**_FAIRSEQ_SPECIALS, "unk_token": "[UNK]"})
 
 # ------------------------------------------------------------------------------------ LoRA targets
 _BERT_LORA = {"query": (("qkv", 0),), "key": (("qkv", 1),), "value": (("qkv", 2),),
               "attention.output": (("attn_out", None),), "intermediate": (("ffn_in", None),),
               "output": (("ffn_out", None),)}
 # PEFT matches a module's last name, and both of ModernBERT's Wo (attention and MLP) are called Wo.
+# MPNet's projections are q, k, v and o inside attention.attn.
+_MPNET_LORA = {"q": (("qkv", 0),), "k": (("qkv", 1),), "v": (("qkv", 2),), "o": (("attn_out", None),),
+               "intermediate": (("ffn_in", None),), "output": (("ffn_out", None),)}
 _MODERN_LORA = {"Wqkv": (("qkv", None),), "Wo": (("attn_out", None), ("ffn_out", None)),
                 "Wi": (("ffn_in", None),)}
 
@@ -228,6 +238,27 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                ignored=r"^generator_lm_head\.weight$"),
            # transformers' ElectraConfig defaults where they are not BERT's (ELECTRA-small's generator).
            defaults={"embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}),
+    # MPNet (Song et al. 2020): BERT's post-LN layers under `mpnet.` with q, k, v, o names, learned
+    # positions numbered as RoBERTa's, no segments, and a relative-position bias (32 buckets by
+    # default) shared by every layer's attention; RoBERTa's MLM and classification heads.
+    Family("mpnet", "MPNet", positions="after_padding", segments=False, pooler=True, ignores_segment_ids=False,
+           sequence_classifier="dense_tanh", sentence_head=None, layers="bert", shares_layers=False,
+           lora_targets=_MPNET_LORA, tokenizer=MPNET_JSON, mlm_activation="gelu", relative_attention="bucketed",
+           names=NameMap(
+               prefix="mpnet.", base_roots=("embeddings.", "encoder.", "pooler."), layer=r"encoder\.layer\.(\d+)\.",
+               qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
+               layer_parts=(("attn_out.", "attention.attn.o."), ("attn_norm.", "attention.LayerNorm."),
+                            ("ffn_in.", "intermediate.dense."), ("ffn_out.", "output.dense."),
+                            ("ffn_norm.", "output.LayerNorm.")),
+               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("pooler.", "pooler.dense."),
+                      ("relative_bias.", "encoder.relative_attention_bias."),
+                      ("mlm.transform.", "lm_head.dense."), ("mlm.norm.", "lm_head.layer_norm."),
+                      ("mlm.bias", "lm_head.bias")),
+               ignored=r"^lm_head\.decoder\.(weight|bias)$",
+               decoder_bias=("lm_head.bias", "lm_head.decoder.bias")),
+           # No segment table; transformers' MPNetConfig defaults where they are not BERT's.
+           fixed_fields={"type_vocab_size": 1},
+           defaults={"vocab_size": 30527, "pad_token_id": 1, "relative_attention_num_buckets": 32}),
     Family("distilbert", "DistilBert", positions="absolute", segments=False, pooler=False, ignores_segment_ids=False,
            sequence_classifier="pre_classifier", sentence_head=None, layers="bert", shares_layers=False,
            lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
@@ -288,6 +319,6 @@ def tokenizer_layout(tokenizer_class: str | None, model_type: str | None) -> Tok
     return FAMILIES[model_type].tokenizer if model_type in FAMILIES else WORDPIECE
 
 
-__all__ = ["BPE", "CAMEMBERT_JSON", "EMBEDDING_PROJECTIONS", "FAMILIES", "Family", "LAYERS", "NameMap", "POSITIONS",
-           "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON", "TokenizerLayout", "UNIGRAM", "WORDPIECE", "XLMR_JSON",
-           "family_of", "tokenizer_layout"]
+__all__ = ["BPE", "CAMEMBERT_JSON", "EMBEDDING_PROJECTIONS", "FAMILIES", "Family", "LAYERS", "MPNET_JSON", "NameMap",
+           "POSITIONS", "RELATIVE_ATTENTIONS", "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON", "TokenizerLayout", "UNIGRAM",
+           "WORDPIECE", "XLMR_JSON", "family_of", "tokenizer_layout"]

@@ -31,7 +31,10 @@ ffn.lin2, output_layer_norm}` and its MLM head `vocab_{transform,layer_norm,proj
 and CamemBERT keep RoBERTa's names, ERNIE BERT's under `ernie.` (plus
 `embeddings.task_type_embeddings`, the same in memory); ELECTRA sits under `electra.`, its
 `embeddings_project` is `embed_proj`, its generator's MLM head `generator_predictions.{dense,
-LayerNorm}` + `generator_lm_head.bias`, and its discriminator keeps `discriminator_predictions.*`. Task heads
+LayerNorm}` + `generator_lm_head.bias`, and its discriminator keeps `discriminator_predictions.*`. MPNet
+sits under `mpnet.`: its layers' `attention.attn.{q,k,v,o}` and `attention.LayerNorm` are the fused qkv,
+`attn_out` and `attn_norm`, its `encoder.relative_attention_bias` is `relative_bias`, its MLM head
+RoBERTa's `lm_head.*`. Task heads
 keep their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
 ModernBERT's encoder sits under `model.`: `embeddings.tok_embeddings` is the word table, layer i
 is `layers.i.{attn.Wqkv (fused already), attn.Wo, attn_norm, mlp.Wi, mlp.Wo, mlp_norm}`, then

@@ -1,12 +1,12 @@
 """BertConfig: the model's settings, with the field names of a Hugging Face BERT `config.json`.
 
 One config describes every family the encoder implements (`model_type`): `bert`, `roberta`,
-`xlm-roberta`, `camembert`, `ernie`, `electra`, `albert`, `distilbert` and `modernbert`, each a record in
+`xlm-roberta`, `camembert`, `ernie`, `electra`, `mpnet`, `albert`, `distilbert` and `modernbert`, each a record in
 `bertkit.families` (`config.family`: its positions, segments, pooler, shared layers, key names).
 The family differences are fields with Hugging Face's names:
 `embedding_size` (ALBERT, ELECTRA), `num_hidden_groups`, `inner_group_num` (ALBERT), `pad_token_id` (RoBERTa's
 positions start after it), `type_vocab_size` (1 for RoBERTa), `use_task_id` and
-`task_type_vocab_size` (ERNIE); DistilBERT's own key names (`dim`,
+`task_type_vocab_size` (ERNIE), `relative_attention_num_buckets` (MPNet); DistilBERT's own key names (`dim`,
 `n_layers`, `n_heads`, `hidden_dim`, `activation`, `dropout`, `attention_dropout`,
 `seq_classif_dropout`) are read into the BERT fields and written back under its names, and
 ALBERT's `classifier_dropout_prob` is `classifier_dropout`.
@@ -145,6 +145,9 @@ class BertConfig:
     # task_type_ids) is added to every token when use_task_id (ERNIE 3.0's checkpoints set it).
     use_task_id: bool = False
     task_type_vocab_size: int = 3
+    # MPNet: rows of the relative-position bias table (a bias per head for each bucket of distance);
+    # its attention reads the first 32, as transformers' does.
+    relative_attention_num_buckets: int = 32
     # ModernBERT (model_type "modernbert"; the other families keep these defaults, which are what
     # BERT is): each layer's attention, "full_attention" or "sliding_attention".
     layer_types: list[str] | None = None
@@ -388,6 +391,11 @@ class BertConfig:
                             "does not have; remove it or use model_type 'ernie'")
         if family.task_types and (not isinstance(self.task_type_vocab_size, int) or self.task_type_vocab_size <= 0):
             problems.append(f"task_type_vocab_size must be a positive integer, got {self.task_type_vocab_size!r}")
+        if family.relative_attention and (not isinstance(self.relative_attention_num_buckets, int)
+                                          or self.relative_attention_num_buckets < 32):
+            # transformers' MPNet buckets distances into 32 whatever the key says (relative.BUCKETS)
+            problems.append(f"relative_attention_num_buckets {self.relative_attention_num_buckets!r} is below "
+                            "the 32 buckets MPNet's attention reads; set it to 32, as every MPNet checkpoint has")
         if family.positions == "after_padding" and self.max_position_embeddings <= self.position_offset:
             problems.append(f"max_position_embeddings {self.max_position_embeddings} leaves no "
                             f"positions after RoBERTa's offset {self.position_offset} (pad_token_id + 1)")
@@ -535,6 +543,8 @@ def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
     if not family.task_types:
         for name in ("use_task_id", "task_type_vocab_size"):
             values.pop(name)
+    if not family.relative_attention:
+        values.pop("relative_attention_num_buckets")
     for theirs, ours in family.config_keys.items():
         if ours in values:
             values[theirs] = values.pop(ours)

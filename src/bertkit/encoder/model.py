@@ -37,6 +37,9 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
   maps H back to E (exact GELU), its decoder the tied (V, E) table; the discriminator
   (`heads.BertForReplacedTokenDetection`) and the sequence classifier (dense → GELU → out_proj)
   are task heads. No NSP head.
+- MPNet (Song et al. 2020): BERT's layers, positions numbered as RoBERTa's, no segments; every
+  layer's attention adds one shared relative-position bias, bucketed by distance (`relative.py`),
+  computed once per forward. Its MLM and classification heads are RoBERTa's. No NSP head.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -64,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.constants import IGNORE_INDEX
-from bertkit.encoder import fused, modern, ops
+from bertkit.encoder import fused, modern, ops, relative
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.packing import Packed, Padding
@@ -252,20 +255,27 @@ class EncoderLayer(nn.Module):
                           self.attention_dropout, self.training)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H)
 
-    def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int) -> torch.Tensor:
-        # x: (N, H) packed real tokens when padding is not None, else (B*T, H)
+    def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (N, H) packed real tokens when padding is not None, else (B*T, H) → the same shape.
+        mask: MPNet's float scores mask (B or 1, nh, T, T) (`relative.RelativeBias.scores`: the
+        relative bias, -inf at padding keys) in place of the padding mask, or None."""
         qkv = fused.linear(self.qkv, x)  # (N, 3H)
         if padding is None:
-            y = self.attention(qkv, batch, length, None).view(batch * length, -1)  # (B*T, H)
+            y = self.attention(qkv, batch, length, mask).view(batch * length, -1)  # (B*T, H)
         else:
-            y = padding.unpad(self.attention(padding.pad(qkv), batch, length, padding.key_mask))  # (N, H)
+            keys = padding.key_mask if mask is None else mask
+            y = padding.unpad(self.attention(padding.pad(qkv), batch, length, keys))  # (N, H)
         return self.feed_forward(x, y)
 
-    def forward_packed(self, x: torch.Tensor, packed: Packed) -> torch.Tensor:
-        """x: (N, H) packed sequences → (N, H); attention never sees another sequence or padding."""
-        return self.feed_forward(x, packed.attend(self, fused.linear(self.qkv, x)))
+    def forward_packed(self, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (N, H) packed sequences → (N, H); attention never sees another sequence or padding.
+        bias: MPNet's relative bias (1, nh, T, T) for T ≥ the longest sequence, or None."""
+        qkv = fused.linear(self.qkv, x)  # (N, 3H)
+        return self.feed_forward(x, packed.attend(self, qkv, bias))
 
-    def forward_first(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int) -> torch.Tensor:
+    def forward_first(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
         """`forward`'s output at each sequence's first token only: x as `forward` takes it → (B, H).
 
         Exact, not an approximation: that row reads every token's keys and values, which need only
@@ -277,14 +287,14 @@ class EncoderLayer(nn.Module):
         qkv = qkv.view(batch, length, -1) if padding is None else padding.pad(qkv)  # (B, T, 3H)
         q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)
                    .permute(2, 0, 3, 1, 4).unbind(0))  # (B, nh, T, hs) each
-        key_mask = None if padding is None else padding.key_mask
+        key_mask = mask[:, :, :1] if mask is not None else None if padding is None else padding.key_mask
         y = ops.attention(q[:, :, :1], k, v, key_mask, self.attention_dropout, self.training)  # (B, nh, 1, hs)
         first = x.view(batch, length, -1)[:, 0] if padding is None else x[padding.first_rows()]  # (B, H)
         return self.feed_forward(first, y.reshape(batch, -1))  # (B, H)
 
-    def forward_packed_first(self, x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    def forward_packed_first(self, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`forward_packed`'s output at each sequence's first token only (see `forward_first`) → (B, H)."""
-        return self.feed_forward(x[packed.starts], packed.attend_first(self, fused.linear(self.qkv, x)))
+        return self.feed_forward(x[packed.starts], packed.attend_first(self, fused.linear(self.qkv, x), bias))
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: x, y (N, H) → (N, H)."""
@@ -318,6 +328,8 @@ class BertModel(PretrainedMixin, nn.Module):
         else:
             self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layer_weights))
         self.schedule = config.layer_schedule  # stored layer run at each depth (ALBERT repeats them)
+        # MPNet: one relative-position bias table for every layer's attention.
+        self.relative_bias = relative.RelativeBias(config) if config.family.relative_attention else None
         # ModernBERT is pre-LN: a LayerNorm after the last layer.
         self.final_norm = modern.layer_norm(config) if config.is_modernbert else None
         self.pooler = (nn.Linear(config.hidden_size, config.hidden_size)
@@ -378,10 +390,12 @@ class BertModel(PretrainedMixin, nn.Module):
             hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
             return BertOutput(last_hidden_state=hidden[:, :1] if first_only else hidden, pooler_output=None)
         schedule = self.schedule[:-1] if first_only else self.schedule
+        # once per forward, not per layer: (B or 1, nh, T, T)
+        mask = None if self.relative_bias is None else self.relative_bias.scores(length, padding)
         for i in schedule:
-            x = self.layers[i](x, padding, batch, length)  # (N, H)
+            x = self.layers[i](x, padding, batch, length, mask)  # (N, H)
         if first_only:
-            hidden = self.layers[self.schedule[-1]].forward_first(x, padding, batch, length)[:, None]  # (B, 1, H)
+            hidden = self.layers[self.schedule[-1]].forward_first(x, padding, batch, length, mask)[:, None]  # (B, 1, H)
         else:
             hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
 
@@ -407,10 +421,12 @@ class BertModel(PretrainedMixin, nn.Module):
                 x = layer.forward_packed(x, packed, rope[layer.layer_type])  # (N, H)
             x = self.final_norm(x)
             return PackedOutput(hidden=x[packed.starts] if first_only else x, pooler_output=None)
+        # once per forward, for the longest sequence: the others read its top-left block (1, nh, T, T)
+        bias = None if self.relative_bias is None else self.relative_bias.of_length(max(packed.lengths))
         for i in (self.schedule[:-1] if first_only else self.schedule):
-            x = self.layers[i].forward_packed(x, packed)  # (N, H)
+            x = self.layers[i].forward_packed(x, packed, bias)  # (N, H)
         if first_only:
-            x = self.layers[self.schedule[-1]].forward_packed_first(x, packed)  # (B, H)
+            x = self.layers[self.schedule[-1]].forward_packed_first(x, packed, bias)  # (B, H)
         first = x if first_only else x[packed.starts]  # (B, H)
         pooled = torch.tanh(self.pooler(first)) if self.pooler is not None else None  # (B, H)
         return PackedOutput(hidden=x, pooler_output=pooled)

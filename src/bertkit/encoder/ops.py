@@ -108,15 +108,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch
               dropout_p: float, training: bool) -> torch.Tensor:
     """softmax(q kᵀ / √hs + mask) v, with dropout on the probabilities while training.
 
-    q, k, v: (B, nh, T, hs); key_mask: (B, 1, 1, T) bool, True where a key may be attended, or None.
-    Without dropout this is `F.scaled_dot_product_attention` (fused kernels). With dropout on CPU
-    the probabilities are materialised, as SDPA's own math path does, but masked by `dropout`.
+    q, k, v: (B, nh, T, hs); key_mask: (B, 1, 1, T) bool, True where a key may be attended, or a
+    float mask added to the scores (MPNet's relative bias, -inf at padding keys) broadcast to
+    (B, nh, T, T), or None. Without dropout this is `F.scaled_dot_product_attention` (fused
+    kernels). With dropout on CPU the probabilities are materialised, as SDPA's own math path
+    does, but masked by `dropout`.
     """
+    if key_mask is not None and key_mask.is_floating_point():
+        key_mask = key_mask.to(q.dtype)  # SDPA takes a float mask in the queries' dtype (bf16 autocast)
     if not training or dropout_p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
                                               dropout_p=dropout_p if training else 0.0)
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, nh, T, T)
-    if key_mask is not None:
+    if key_mask is not None and key_mask.is_floating_point():
+        scores = scores + key_mask
+    elif key_mask is not None:
         scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
     probs = dropout(scores.softmax(-1), dropout_p, True)
     return torch.matmul(probs, v)  # (B, nh, T, hs)

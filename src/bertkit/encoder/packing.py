@@ -100,21 +100,24 @@ class Packed:
         return cls(lengths=list(lengths), starts=starts.to(device), position_ids=position_ids.to(device),
                    sequence_index=sequence_index.to(device), runs=runs, cu_seqlens=cu.to(device))
 
-    def attend(self, layer: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """(N, 3H) fused projections → (N, H) attention outputs, each sequence seeing only itself.
 
         layer: the encoder layer (`model.EncoderLayer`): its num_heads, head_dim,
         attention_dropout and training mode are read.
+        bias: scores bias by relative position (MPNet's, `relative.py`), (1, nh, T, T) for a T of
+        at least the longest sequence, or None: a run of length L adds its top-left (L, L) block.
+        With a bias every run goes through SDPA (the varlen kernel and the key windows take none).
         """
         nh, hs = layer.num_heads, layer.head_dim
-        if qkv.device.type == "cuda" and qkv.dtype in (torch.float16, torch.bfloat16):
+        if bias is None and qkv.device.type == "cuda" and qkv.dtype in (torch.float16, torch.bfloat16):
             from torch.nn.attention.varlen import varlen_attn
 
             q, k, v = qkv.view(-1, 3, nh, hs).unbind(1)  # (N, nh, hs) each
             longest = max(self.lengths)
             y = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, longest, longest)  # (N, nh, hs)
             return y.reshape(qkv.shape[0], nh * hs)
-        if len(self.runs) == 1 and not key_windows(layer, qkv, self.runs[0][2]):
+        if len(self.runs) == 1 and bias is None and not key_windows(layer, qkv, self.runs[0][2]):
             # one length: SDPA's output, transposed, is already (N, H) in order
             count, length = self.runs[0][1:]
             q, k, v = qkv.view(count, length, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
@@ -125,17 +128,19 @@ class Packed:
             rows = slice(first, first + count * length)
             # written in place: no concatenation of the runs' outputs afterwards
             target = out[rows].view(count, length, nh, hs)
-            if key_windows(layer, qkv, length):
+            if bias is None and key_windows(layer, qkv, length):
                 windowed_attention(qkv, first, length, target)
                 continue
             q, k, v = (qkv[rows].view(count, length, 3, nh, hs)  # (c, L, 3, nh, hs), a view
                        .permute(2, 0, 3, 1, 4).unbind(0))  # (c, nh, L, hs) each
-            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
+            mask = None if bias is None else bias[:, :, :length, :length]  # (1, nh, L, L)
+            y = ops.attention(q, k, v, mask, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
             target.copy_(y.transpose(1, 2))
         return out
 
-    def attend_first(self, layer: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
-        """(N, 3H) fused projections → (B, H): attention of each sequence's first token alone."""
+    def attend_first(self, layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, 3H) fused projections → (B, H): attention of each sequence's first token alone
+        (bias: see `attend`)."""
         nh, hs = layer.num_heads, layer.head_dim
         out = qkv.new_empty(len(self.lengths), nh * hs)  # (B, H)
         done = 0
@@ -143,7 +148,8 @@ class Packed:
             block = qkv[first:first + count * length].view(count, length, 3, nh, hs)  # a view
             q = block[:, :1, 0].transpose(1, 2)  # (c, nh, 1, hs)
             k, v = block[:, :, 1].transpose(1, 2), block[:, :, 2].transpose(1, 2)  # (c, nh, L, hs)
-            y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, 1, hs)
+            mask = None if bias is None else bias[:, :, :1, :length]  # (1, nh, 1, L)
+            y = ops.attention(q, k, v, mask, layer.attention_dropout, layer.training)  # (c, nh, 1, hs)
             out[done:done + count] = y.reshape(count, nh * hs)
             done += count
         return out

@@ -67,6 +67,10 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     rows.append(("embeddings.LayerNorm", _count(emb.norm)))
     if encoder.embed_proj is not None:
         rows.append((f"embedding projection ({dim} → {hidden})", _count(encoder.embed_proj)))
+    if encoder.relative_bias is not None:  # MPNet: one table that every layer's attention reads
+        bias = encoder.relative_bias
+        rows.append((f"relative position bias ({bias.num_embeddings} × {bias.embedding_dim}, all layers)",
+                     _count(bias)))
     depths: dict[int, list[int]] = {}
     for depth, k in enumerate(encoder.schedule):
         depths.setdefault(k, []).append(depth)
