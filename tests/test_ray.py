@@ -203,6 +203,9 @@ def test_killed_driver_then_killed_worker_then_rerun_equals_the_single_process_j
 
     # 1. the driver, SIGKILLed once some shards are written
     kill_when(args, env, lambda: 1 <= shards(out) < total - 20, timeout=WAIT)
+    deadline = time.monotonic() + 30  # Ray reaps the dead driver's actors; let them go first
+    while map_workers(cluster.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     done = shards(out)
     assert 1 <= done < total
 
@@ -225,7 +228,11 @@ def test_killed_driver_then_killed_worker_then_rerun_equals_the_single_process_j
             proc.communicate()
     second = re.search(r"\((\d+) written now, (\d+) done before\)", stdout)
     if proc.returncode == 0:  # Ray restarted the killed actor and ran its chunk again
-        assert second and int(second.group(2)) == done and int(second.group(1)) == total - done, stdout
+        # an actor of the killed driver may finish the shard it was writing after the count above,
+        # so the rerun can find more than ``done`` shards, never fewer
+        assert second, stdout
+        written, before = int(second.group(1)), int(second.group(2))
+        assert before >= done and written == total - before, stdout
 
     # 3. a rerun completes whatever is missing, and the result is the single-process job's
     third = run(args)
@@ -239,7 +246,6 @@ def test_killed_driver_then_killed_worker_then_rerun_equals_the_single_process_j
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["skipped"] == 1 and manifest["rows"] == ROWS
     assert not (out / ".input").exists() and not list(out.glob(".*.tmp"))
-
 
 
 def test_the_documented_map_batches_example_runs(minilm_dir, cluster, capsys, monkeypatch):
