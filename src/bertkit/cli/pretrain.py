@@ -147,9 +147,13 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE", dest="model_args",
                    help="override a config.json field, e.g. hidden_dropout_prob=0 (repeatable)")
     p.add_argument("--init", help="continue from this Hugging Face BERT directory's weights")
-    p.add_argument("--objective", choices=["mlm", "mlm+nsp", "mlm+sop"],
+    p.add_argument("--objective", choices=["mlm", "mlm+nsp", "mlm+sop", "rtd"],
                    help="what to train (default: what the data were prepared for); mlm on pair "
-                        "data ignores the pair labels")
+                        "data ignores the pair labels; rtd: ELECTRA's replaced-token detection "
+                        "(a generator and a discriminator, the model kept)")
+    p.add_argument("--generator-size", type=float,
+                   help="rtd: the generator's width against the discriminator's (0.25)")
+    p.add_argument("--rtd-weight", type=float, help="rtd: weight of the discriminator's loss (50)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (or give --epochs)")
     p.add_argument("--epochs", type=float, help="passes over the data (default 1)")
     p.add_argument("--batch-size", type=int, help="sequences per optimizer step, all processes (128)")
@@ -217,6 +221,8 @@ def pretrain_summary_line(summary: dict) -> str:
     held_out = summary.get("eval") or {}
     if held_out.get("mlm_accuracy") is not None:
         line += f"; held-out MLM accuracy {held_out['mlm_accuracy']:.3f}, loss {held_out['loss']:.3f}"
+    if held_out.get("rtd_accuracy") is not None:
+        line += f", replaced-token accuracy {held_out['rtd_accuracy']:.3f}"
     if summary.get("stopped") == "time_limit":
         line += "; stopped at --time-limit: continue with --resume"
     return line

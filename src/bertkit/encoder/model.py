@@ -99,6 +99,11 @@ class PreTrainingOutput:
     # 1 = swapped. None for families without a sentence head (RoBERTa, DistilBERT).
     nsp_logits: torch.Tensor | None
     mlm_predictions: torch.Tensor | None = None  # (M,) argmax ids at selected positions (with mlm_labels)
+    # Replaced-token detection (ELECTRA's pre-training, train/pretrain/rtd.py): the discriminator's
+    # mean binary cross-entropy over real tokens, its correct decisions and the tokens counted.
+    rtd_loss: torch.Tensor | None = None  # ()
+    rtd_correct: torch.Tensor | None = None  # ()
+    rtd_count: int | None = None
 
 
 @dataclass

@@ -161,7 +161,10 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, model: nn.Module,
     else:
         write_model(model, tmp)
     if tokenizer_dir is not None:
-        copy_tokenizer_files(tokenizer_dir, tmp)
+        # A companion model saved beside the main one (ELECTRA's generator/) gets the tokenizer
+        # too, so that each directory loads on its own.
+        for model_dir in (tmp, *(sub for sub in tmp.iterdir() if (sub / "config.json").is_file())):
+            copy_tokenizer_files(tokenizer_dir, model_dir)
     torch.save(trainer_state, tmp / TRAINER_STATE)
     _fsync_tree(tmp)
     if final.exists():  # the same step saved again (e.g. end of run right after a periodic save)
@@ -196,12 +199,7 @@ def publish_model(checkpoint_dir: Path, model_dir: Path) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    for path in checkpoint_dir.iterdir():
-        if path.is_file() and path.name != TRAINER_STATE:
-            try:
-                os.link(path, tmp / path.name)
-            except OSError:
-                shutil.copy2(path, tmp / path.name)
+    _link_tree(checkpoint_dir, tmp, skip=TRAINER_STATE)
     old = model_dir.parent / f".tmp-old-{model_dir.name}"
     if model_dir.exists():
         if old.exists():
@@ -209,6 +207,19 @@ def publish_model(checkpoint_dir: Path, model_dir: Path) -> None:
         os.replace(model_dir, old)
     os.replace(tmp, model_dir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_tree(src: Path, dst: Path, skip: str) -> None:
+    """Hard-link (or copy) every file under `src` into `dst`, subdirectories included, but `skip`."""
+    for path in src.iterdir():
+        if path.is_dir():
+            (dst / path.name).mkdir()
+            _link_tree(path, dst / path.name, skip)
+        elif path.is_file() and path.name != skip:
+            try:
+                os.link(path, dst / path.name)
+            except OSError:
+                shutil.copy2(path, dst / path.name)
 
 
 def load_trainer_state(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:

@@ -93,11 +93,13 @@ def data_digest(meta: dict) -> str:
 # Statistics of one forward pass
 # ---------------------------------------------------------------------------------------------
 # Order of the per-window sums kept on device (one all-reduce per log line, not per step).
-STATS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count")
+STATS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count",
+         "rtd_loss_sum", "rtd_correct", "rtd_count")
 
 
 def batch_stats(out, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor) -> torch.Tensor:
-    """(6,) float64 sums for one micro-batch: see `STATS`. Needs `out.mlm_predictions` (M,)."""
+    """(9,) float64 sums for one micro-batch: see `STATS`. Needs `out.mlm_predictions` (M,); the
+    replaced-token sums are zero for a model without that objective."""
     targets = mlm_labels[mlm_labels != IGNORE_INDEX]  # (M,)
     m = targets.numel()
     mlm_loss_sum = out.mlm_loss.detach().double() * m
@@ -110,12 +112,20 @@ def batch_stats(out, mlm_labels: torch.Tensor, nsp_labels: torch.Tensor) -> torc
         nsp_correct = (out.nsp_logits.detach().argmax(-1)[has_nsp] == nsp_labels[has_nsp]).sum().double()
     else:
         nsp_loss_sum = nsp_correct = torch.zeros((), dtype=torch.float64, device=mlm_labels.device)
+    rtd = getattr(out, "rtd_loss", None)
+    if rtd is not None:
+        rtd_count = float(out.rtd_count)
+        rtd_sums = [rtd.detach().double() * rtd_count, out.rtd_correct.double(), rtd.new_tensor(rtd_count).double()]
+    else:
+        rtd_sums = [torch.zeros((), dtype=torch.float64, device=mlm_labels.device)] * 3
     return torch.stack([mlm_loss_sum, mlm_correct, mlm_loss_sum.new_tensor(float(m)),
-                        nsp_loss_sum, nsp_correct, nsp_loss_sum.new_tensor(float(n))])
+                        nsp_loss_sum, nsp_correct, nsp_loss_sum.new_tensor(float(n)), *rtd_sums])
 
 
-def summarise(stats: torch.Tensor) -> dict[str, float | None]:
-    """Window sums → loss, mlm_loss, mlm_accuracy, nsp_loss, nsp_accuracy (None without NSP)."""
+def summarise(stats: torch.Tensor, rtd_weight: float = 0.0) -> dict[str, float | None]:
+    """Window sums → loss, mlm_loss, mlm_accuracy, nsp_loss, nsp_accuracy (None without NSP),
+    and, for replaced-token detection only, rtd_loss and rtd_accuracy (its loss enters `loss`
+    times rtd_weight, as it is trained)."""
     s = dict(zip(STATS, stats.tolist()))
     mlm_loss = s["mlm_loss_sum"] / s["mlm_count"] if s["mlm_count"] else float("nan")
     out: dict[str, float | None] = {
@@ -125,6 +135,10 @@ def summarise(stats: torch.Tensor) -> dict[str, float | None]:
         "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
     }
     out["loss"] = mlm_loss + (out["nsp_loss"] or 0.0)
+    if s["rtd_count"]:  # the keys appear only in runs that train the objective
+        out["rtd_loss"] = s["rtd_loss_sum"] / s["rtd_count"]
+        out["rtd_accuracy"] = s["rtd_correct"] / s["rtd_count"]
+        out["loss"] += rtd_weight * out["rtd_loss"]
     return out
 
 

@@ -12,6 +12,8 @@ from bertkit.encoder.config import BertConfig, check_override_keys
 from bertkit.train import optim, state
 
 CONFIG_FILE = "pretrain_config.json"
+# What the data were prepared for, and ELECTRA's replaced-token detection, which needs only masks.
+TRAINING_OBJECTIVES = (*OBJECTIVES, "rtd")
 SUMMARY_FILE = "summary.json"
 # What a run directory holds; --overwrite removes exactly these and leaves anything else alone.
 RUN_OUTPUTS = (CONFIG_FILE, SUMMARY_FILE, state.METRICS, state.CHECKPOINTS, state.MODEL, "curves.png")
@@ -38,9 +40,14 @@ class PretrainConfig:
     init: str | None = None
     # config.json fields to override on top of `model`, e.g. {"hidden_dropout_prob": 0.0}.
     model_overrides: dict[str, Any] = field(default_factory=dict)
-    # mlm | mlm+nsp | mlm+sop; None = what the data were prepared for (`bertkit prepare
-    # --objective`). mlm on pair data trains the MLM alone and ignores the pair labels.
+    # mlm | mlm+nsp | mlm+sop | rtd; None = what the data were prepared for (`bertkit prepare
+    # --objective`). mlm on pair data trains the MLM alone and ignores the pair labels. rtd is
+    # ELECTRA's replaced-token detection (train/pretrain/rtd.py) on any prepared data.
     objective: str | None = None
+    # rtd only: the generator's width against the discriminator's (ELECTRA's figure 3: 1/4 to 1/2
+    # works best) and the weight of the discriminator's loss (the paper's λ = 50).
+    generator_size: float = 0.25
+    rtd_weight: float = 50.0
 
     # --- length: exactly one of max_steps / epochs (neither = 1 epoch)
     max_steps: int | None = None
@@ -121,8 +128,12 @@ class PretrainConfig:
             problems.append(f"time_limit must be > 0 seconds, got {self.time_limit!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        if self.objective is not None and self.objective not in OBJECTIVES:
-            problems.append(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.objective is not None and self.objective not in TRAINING_OBJECTIVES:
+            problems.append(f"objective must be one of {', '.join(TRAINING_OBJECTIVES)}, got {self.objective!r}")
+        if not 0 < self.generator_size <= 1:
+            problems.append(f"generator_size must be in (0, 1], got {self.generator_size!r}")
+        if not self.rtd_weight > 0:
+            problems.append(f"rtd_weight must be > 0, got {self.rtd_weight!r}")
         if self.resume and self.overwrite:
             problems.append("resume and overwrite exclude each other; pass one")
         try:  # a typo such as hiden_dropout_prob fails here, before the data are read

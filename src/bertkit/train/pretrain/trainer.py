@@ -1,4 +1,5 @@
-"""The pre-training run: MLM (+ NSP) steps on prepared shards, resumable exactly, one process or many.
+"""The pre-training run: MLM (+ NSP) or ELECTRA's replaced-token detection on prepared shards,
+resumable exactly, one process or many.
 
     pretrain(PretrainConfig(data="DATA_DIR", out="RUN_DIR", model="mini", max_steps=2000))
 
@@ -60,6 +61,7 @@ from bertkit.train.pretrain.config import (
     PretrainConfig,
     TrainingDiverged,
 )
+from bertkit.train.pretrain.rtd import ReplacedTokenDetection
 from bertkit.util import distributed
 from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory, remove_outputs
 
@@ -166,11 +168,12 @@ class Trainer:
             logger.warning("%s has %d held-out instances, fewer than one batch of %d; training "
                            "without evaluation", data_dir, eval_size, self.rank_batch_size * world)
         self.objective = config.objective or self.data.objective
-        if self.objective != "mlm" and self.objective != self.data.objective:
+        if self.objective not in ("mlm", "rtd") and self.objective != self.data.objective:
             raise ValueError(f"--objective {self.objective} needs data prepared for it; {data_dir} was "
                              f"prepared for {self.data.objective}: run `bertkit prepare --objective "
                              f"{self.objective}`")
-        self.use_nsp = self.objective != "mlm"
+        self.use_nsp = self.objective not in ("mlm", "rtd")
+        self.rtd_weight = config.rtd_weight if self.objective == "rtd" else 0.0
         self.batches = RunBatches(self.data, self.rank_batch_size, seed=config.seed,
                                   mlm_probability=config.mlm_probability, rank=dist_info.rank,
                                   world_size=world)
@@ -205,11 +208,18 @@ class Trainer:
         torch.manual_seed(config.seed * 1000 + 1 + dist_info.rank)
 
     # ----------------------------------------------------------------- set-up helpers
-    def _build_model(self) -> BertForPreTraining:
-        """A new model of `config.model` sized to the data's vocabulary, or the `init` checkpoint."""
+    def _build_model(self) -> BertForPreTraining | ReplacedTokenDetection:
+        """A new model of `config.model` sized to the data's vocabulary, or the `init` checkpoint;
+        for rtd, a generator and an ELECTRA discriminator of that shape."""
         c = self.config
         vocab = self.data.vocab_size
-        if c.init is not None:
+        if self.objective == "rtd":
+            if c.init is not None:
+                raise ValueError("--objective rtd starts from new weights; --init is not supported "
+                                 "with it (continue a run with --resume)")
+            config = BertConfig.resolve(c.model, **{**c.model_overrides, "vocab_size": vocab})
+            model = ReplacedTokenDetection(config, c.generator_size, c.rtd_weight)
+        elif c.init is not None:
             model = BertForPreTraining.from_pretrained(c.init, **c.model_overrides)
             if model.config.vocab_size != vocab:
                 raise ValueError(f"--init {c.init} has vocab_size {model.config.vocab_size} but the "
@@ -263,7 +273,10 @@ class Trainer:
         if saved.get("data_digest") != data_digest(self.data.meta):
             raise ValueError(f"{checkpoint} was trained on different data than {self.config.data} "
                              "(the prepared data changed); resume with the original data directory")
-        load_into(self.model, read_state_dict(checkpoint), str(checkpoint))
+        if isinstance(self.model, ReplacedTokenDetection):
+            self.model.load_directory(checkpoint)
+        else:
+            load_into(self.model, read_state_dict(checkpoint), str(checkpoint))
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.step = int(saved["step"])
@@ -343,7 +356,7 @@ class Trainer:
         total = evaluation_sums(self.model, batches, device=self.device, precision=self.precision,
                                 max_batches=self.config.eval_batches, use_nsp=self.use_nsp)
         distributed.all_reduce_sum(total, self.dist)
-        return summarise(total)
+        return summarise(total, self.rtd_weight)
 
     # ----------------------------------------------------------------- one optimizer step
     def _train_step(self, engine: nn.Module, micro_batches: list[dict[str, torch.Tensor]]
@@ -371,6 +384,8 @@ class Trainer:
                 # mean × (local count / step count) = this micro-batch's share of the step's mean;
                 # × world because DDP averages (not sums) gradients over ranks.
                 loss = out.mlm_loss * (counts[k, 0].item() / max(mlm_total, 1.0))
+                if out.rtd_loss is not None:  # a mean over real tokens: weighted by this share of them
+                    loss = loss + self.rtd_weight * out.rtd_loss * (counts[k, 2].item() / max(tokens, 1.0))
                 if out.nsp_loss is not None:
                     loss = loss + out.nsp_loss * (counts[k, 1].item() / max(nsp_total, 1.0))
                 (loss * world).backward()
@@ -402,7 +417,8 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=not self.use_nsp)
         if c.compile:
-            self.model.bert.compile_layers()
+            compile_layers = getattr(self.model, "compile_layers", self.model.bert.compile_layers)
+            compile_layers()
 
         accum = c.grad_accum
         keys = self.batches.positions(self.step * accum, self.total_steps * accum)
@@ -459,7 +475,7 @@ class Trainer:
                     if self.step % c.log_every == 0 or self.step == self.total_steps:
                         distributed.all_reduce_sum(window, self.dist)
                         if window_steps:
-                            train_summary = summarise(window)
+                            train_summary = summarise(window, self.rtd_weight)
                             record = {"step": self.step, "split": "train", **train_summary,
                                       "lr": lr, "grad_norm": last_grad_norm,
                                       "tokens_per_s": window_tokens / max(window_seconds, 1e-9),
