@@ -134,12 +134,15 @@ def _run_finetune(args: argparse.Namespace) -> None:
 
     from bertkit.train.finetune import finetune_settings, run_finetune
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Under torchrun the ranks read and check the same inputs: rank 0 says it once, the others
+    # only when something fails.
+    main_rank = os.environ.get("RANK", "0") == "0"
+    logging.basicConfig(level=logging.INFO if main_rank else logging.ERROR, format="%(message)s")
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
     summary = run_finetune(finetune_settings(settings))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports the run
+    if not main_rank:  # rank 0 reports the run
         return
     print(finetune_summary_line(summary, settings["out_dir"]))
     print(json.dumps(summary, ensure_ascii=False))
