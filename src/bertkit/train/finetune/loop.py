@@ -345,7 +345,7 @@ def loss_terms(features: Sequence[dict], rows: Sequence[int]) -> int:
     count = 0
     for i in rows:
         labels = features[i].get("labels")
-        count += sum(1 for x in labels if x != IGNORE_INDEX) if isinstance(labels, list) else 1
+        count += sum(1 for x in labels if x != IGNORE_INDEX) if isinstance(labels, (list, tuple)) else 1
     return count
 
 
