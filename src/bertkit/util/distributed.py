@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+# How long a collective waits for the other ranks. Fine-tuning's rank 0 scores the dev and test
+# sets alone while the others wait at the next collective; PyTorch's defaults (10 minutes on
+# NCCL, 30 on gloo) would end a run whose evaluation takes longer. A rank that dies still ends
+# the run at once: torchrun stops the others.
+GROUP_TIMEOUT = timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():
             # env:// reads MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE set by torchrun.
-            dist.init_process_group(backend=backend, init_method="env://",
+            dist.init_process_group(backend=backend, init_method="env://", timeout=GROUP_TIMEOUT,
                                     device_id=dev if use_cuda else None)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
                     backend=backend)
