@@ -1,8 +1,9 @@
 """Fine-tuning under `torchrun --nproc_per_node 2` (gloo on CPU) makes the updates of one process
 with the same global batch: per-step losses and final weights agree to 1e-5, for a labelled task
 (classify), the bi-encoder (embed: in-batch negatives gathered across ranks), the cross-encoder
-(rerank) and SPLADE (sparse: gathered negatives and FLOPS), and after a SIGKILL and --resume. A
-token task's shares (NER: a mean over labelled tokens) are checked in this process.
+(rerank) and SPLADE (sparse: gathered negatives and FLOPS), and after a SIGKILL and --resume. The
+per-rank batches and shares of NER (a mean over labelled tokens) and QA (a softmax over padded
+positions) are checked in this process.
 
 Dropout is off in every model: the two ranks draw their own dropout masks, which cannot match
 one process's. Batch sizes and row counts are chosen so that batches split unevenly (3 rows on 2
@@ -223,26 +224,40 @@ def test_shards_hold_the_batch_in_order_and_shares_sum_to_the_loss(world):
     assert sum(float(share(loss, s, 1, 1)) for s in short) == pytest.approx(2.0)
 
 
-def test_token_task_shares_add_up_to_the_global_batch():
-    """NER's loss is a mean over labelled tokens, which ranks hold unevenly: their shares, each
-    weighted by its labelled tokens, add up to one process's loss of the whole batch, and so do
-    their gradients (the arithmetic DDP's mean then completes)."""
+def span_head(tags: dict | None = None):
+    from bertkit.encoder.heads import BertForQuestionAnswering, BertForTokenClassification
+
+    torch.manual_seed(0)
+    settings = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    if tags is None:
+        return BertForQuestionAnswering(tiny_config(**settings))
+    return BertForTokenClassification(tiny_config(id2label=tags, label2id={v: k for k, v in tags.items()}, **settings))
+
+
+@pytest.mark.parametrize("task", ["ner", "qa"])
+def test_rank_shares_add_up_to_the_global_batch(task):
+    """The labelled loop's per-rank batches and shares on 2 ranks, computed here one after the
+    other: their losses add up to one process's loss of the whole batch, and so do their
+    gradients (DDP's mean completes the sum). NER's loss is a mean over labelled tokens, which
+    the ranks hold unevenly; QA's is a softmax over every position, padding included, so each
+    rank pads to the whole batch's width."""
     import random
 
     from bertkit.data.formats.common import pad_batch
-    from bertkit.encoder.heads import BertForTokenClassification
-    from bertkit.train.finetune.loop import head_loss, loss_terms
+    from bertkit.train.finetune.loop import head_loss, loss_terms, rank_batch
 
-    torch.manual_seed(0)
-    tags = {0: "O", 1: "B-X", 2: "I-X"}
-    model = BertForTokenClassification(tiny_config(id2label=tags, label2id={v: k for k, v in tags.items()},
-                                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model = span_head({0: "O", 1: "B-X", 2: "I-X"} if task == "ner" else None)
     rng = random.Random(3)
     features = []
-    for length in (9, 3, 7, 5, 8):  # unequal lengths and labelled counts
-        labels = [-100] + [rng.choice([0, 1, 2, -100]) for _ in range(length - 2)] + [-100]
-        features.append({"input_ids": [2] + [rng.randrange(5, 30) for _ in range(length - 2)] + [3],
-                         "token_type_ids": [0] * length, "labels": labels})
+    for length in (9, 3, 7, 5, 8):  # unequal lengths (and labelled counts)
+        feature = {"input_ids": [2] + [rng.randrange(5, 30) for _ in range(length - 2)] + [3],
+                   "token_type_ids": [0] * length}
+        if task == "ner":
+            feature["labels"] = [-100] + [rng.choice([0, 1, 2, -100]) for _ in range(length - 2)] + [-100]
+        else:
+            feature["start_positions"] = rng.randrange(length)
+            feature["end_positions"] = min(length - 1, feature["start_positions"] + 1)
+        features.append(feature)
     rows = list(range(len(features)))
 
     def loss_and_grads(loss: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
@@ -254,7 +269,7 @@ def test_token_task_shares_add_up_to_the_global_batch():
     total, total_grads = 0.0, [torch.zeros_like(g) for g in whole_grads]
     for rank in range(2):
         part = shard(rows, info(rank, 2))
-        local = head_loss(model, pad_batch([features[i] for i in part.rows], 0))
+        local = head_loss(model, rank_batch(features, rows, part, 0))
         value, grads = loss_and_grads(share(local, part, loss_terms(features, part.rows), loss_terms(features, rows)))
         total += value
         total_grads = [t + g for t, g in zip(total_grads, grads)]

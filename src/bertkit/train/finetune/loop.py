@@ -275,7 +275,7 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
                    total=len(batches), unit="batch", disable=not (config.progress and main), dynamic_ncols=True)
         for position, batch_index in enumerate(bar, start=skip):
             part = parallel.shard(batch_index, info)
-            batch = pad_batch([features[i] for i in part.rows], task.pieces.pad_id)
+            batch = rank_batch(features, batch_index, part, task.pieces.pad_id)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
             with autocast(device, precision):
                 loss = engine(partial(head_loss, batch={k: v.to(device) for k, v in batch.items()}))
@@ -331,6 +331,15 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
         if state.stopped_early:
             break
     return precision
+
+
+def rank_batch(features: Sequence[dict], batch_index: Sequence[int], part: parallel.Shard, pad_id: int
+               ) -> dict[str, torch.Tensor]:
+    """This rank's rows of the global batch `batch_index`, padded (B_r, T) to the whole batch's
+    width T as one process pads it: QA's loss is a softmax over every position, padding included
+    (as the reference's), so its value depends on the width."""
+    width = max(len(features[i]["input_ids"]) for i in batch_index)
+    return pad_batch([features[i] for i in part.rows], pad_id, width)
 
 
 def head_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
