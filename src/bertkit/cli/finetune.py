@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from bertkit.cli.common import add_engine_arguments, add_training_engine_arguments, print_file_job
@@ -51,7 +52,7 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help="passes over the training data (3)")
-    g.add_argument("--batch-size", type=int, help="examples per step (32)")
+    g.add_argument("--batch-size", type=int, help="examples per step, all torchrun processes together (32)")
     g.add_argument("--lr", type=float, help="peak learning rate (default by model width: 1e-3 below "
                    "hidden size 512, 1e-4 below 768, 3e-5 for base and wider)")
     g.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
@@ -133,11 +134,16 @@ def _run_finetune(args: argparse.Namespace) -> None:
 
     from bertkit.train.finetune import finetune_settings, run_finetune
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Under torchrun the ranks read and check the same inputs: rank 0 says it once, the others
+    # only when something fails.
+    main_rank = os.environ.get("RANK", "0") == "0"
+    logging.basicConfig(level=logging.INFO if main_rank else logging.ERROR, format="%(message)s")
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
     summary = run_finetune(finetune_settings(settings))
+    if not main_rank:  # rank 0 reports the run
+        return
     print(finetune_summary_line(summary, settings["out_dir"]))
     print(json.dumps(summary, ensure_ascii=False))
 

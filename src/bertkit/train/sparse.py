@@ -22,6 +22,10 @@ continues it with the same batches and negatives (each epoch's order and draws c
 seed and the epoch number). OUT_DIR is a masked-LM directory and a sentence-transformers
 `SparseEncoder` directory (modules.json: MLMTransformer + SpladePooling): `SparseEncoder(OUT_DIR)`
 gives the weights `bertkit embed OUT_DIR --sparse` gives.
+
+Under torchrun (`train.parallel`) each rank encodes its slice of every batch and the SPLADE
+vectors of all ranks are gathered with their gradients, so the in-batch negatives and the FLOPS
+means are the global batch's, as in one process.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import random
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -43,10 +48,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.constants import FINETUNE_CONFIG
-from bertkit.train import health
+from bertkit.train import health, parallel
 from bertkit.train import state as train_state
 from bertkit.train.optim import default_lr
 from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, evaluation_set, optimizer_step, read_pairs
+from bertkit.util import distributed
+from bertkit.util.distributed import DistInfo
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
 
 log = logging.getLogger(__name__)
@@ -202,17 +209,20 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         config.eval = BUILTIN_PREFIX + config.train[len(BUILTIN_PREFIX):].split(":")[0] + ":dev"
     from bertkit.encoder.config import BertConfig
 
+    info = distributed.init_distributed(config.device)
+    parallel.check_batch_size(config.batch_size, info)
     config.lr = config.lr or default_lr(BertConfig.from_json(directory).hidden_size)
     resume_from = None
     if config.resume:
         resume_from = train_state.resume_checkpoint(out, dataclasses.asdict(config), out / FINETUNE_CONFIG,
                                                     RESUMABLE_CHANGES)
-    elif config.overwrite:
+    distributed.barrier(info)  # every rank has read OUT before rank 0 changes it
+    if config.overwrite and info.is_main:
         for name in OUTPUTS:
             path = out / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     tokenizer = BertTokenizer.from_pretrained(directory)
-    device = torch.device(config.device)
+    device = info.device
     torch.manual_seed(config.seed)
     model = use_class("fill-mask").from_pretrained(directory).to(device)
     mined = mine_negatives(pairs, config)
@@ -220,7 +230,8 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
     total = steps_per_epoch * config.epochs
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
     schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
-    out.mkdir(parents=True, exist_ok=True)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     steps: list[dict[str, Any]] = []
     step = 0
     if resume_from is not None:
@@ -228,11 +239,14 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         model.load_state_dict(use_class("fill-mask").from_pretrained(resume_from).state_dict())
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["scheduler"])
-        train_state.restore_rng_state(saved["rng"])
+        parallel.restore_rank_rng(saved, info)
         step, steps = int(saved["step"]), list(saved["steps"])
         log.info("resuming from %s (step %d of %d)", resume_from, step, total)
     else:
-        atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
+        parallel.seed_dropout(config.seed, info)
+        if info.is_main:
+            atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
+    engine = parallel.data_parallel(model, info)
     model.train()
     for epoch in range(1, config.epochs + 1):
         rng = random.Random(f"{config.seed}:{epoch}")  # the epoch's order and draws, the same on resume
@@ -241,21 +255,32 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         negatives = [_negatives(p, m, config.hard_negatives, rng) for p, m in zip(pairs, mined)]
         batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
         done = max(0, step - (epoch - 1) * steps_per_epoch)
-        for batch in tqdm(batches[done:], desc=f"epoch {epoch}/{config.epochs}", disable=not config.progress):
+        for batch in tqdm(batches[done:], desc=f"epoch {epoch}/{config.epochs}",
+                          disable=not (config.progress and info.is_main)):
             share = flops_weight(step, total, config.flops_warmup_ratio)
-            rank, reg_q, reg_d = _losses(model, tokenizer, [pairs[i] for i in batch],
-                                         [negatives[i] for i in batch], config, device)
+            part = parallel.shard(batch, info)
+            # The gathered losses are the global batch's, the same on every rank.
+            rank, reg_q, reg_d = engine(partial(_losses, tokenizer=tokenizer, rows=[pairs[i] for i in part.rows],
+                                                negatives=[negatives[i] for i in part.rows], config=config,
+                                                device=device, group=part.group))
             loss = rank + share * (config.flops_query_weight * reg_q + config.flops_doc_weight * reg_d)
-            optimizer_step(loss, model, optimizer, schedule, config.max_grad_norm, step)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1}; lower --lr")
+            optimizer_step(parallel.for_backward(parallel.share(loss, part), info), model, optimizer, schedule,
+                           config.max_grad_norm, step)
             step += 1
             steps.append({"step": step, "epoch": epoch, "loss": loss.item(), "ranking_loss": rank.item(),
                           "flops_query": reg_q.item(), "flops_doc": reg_d.item(), "flops_share": share,
                           "lr": schedule.get_last_lr()[0]})
             if step % config.save_every == 0 and step < total:
-                train_state.save_checkpoint(out, step, model, None, {
-                    "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
-                    "rng": train_state.capture_rng_state(), "step": step, "steps": steps}, keep=1, publish=False)
+                rngs = parallel.rank_rng_states(info)  # every rank calls: dropout streams are per rank
+                if info.is_main:
+                    train_state.save_checkpoint(out, step, model, None, {
+                        "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
+                        "rng": rngs[0], "rank_rngs": rngs, "step": step, "steps": steps}, keep=1, publish=False)
     model.eval()
+    if not info.is_main:  # rank 0 writes the model and scores it
+        return {"status": "done", "task": "sparse", "model": config.model, "steps": step}
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_sparse_encoder_files(out, config.max_length)
@@ -267,6 +292,8 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         "first_loss": losses[0] if losses else None,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None,
         "train": report.to_dict(), "train_examples": len(pairs)}
+    if info.enabled:
+        summary["processes"] = info.world_size
     if config.eval:
         summary["eval"] = evaluate_sparse(out, config.eval)
     summary["warnings"] = health.collect(
@@ -302,15 +329,17 @@ def _negatives(pair: Pair, mined: list[str], k: int, rng: random.Random) -> list
     return own + rng.sample(mined, min(k - len(own), len(mined)))
 
 
-def _losses(model, tokenizer, rows: list[Pair], negatives: list[list[str]], config: SparseTrainConfig, device
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(contrastive loss, FLOPS of the queries, FLOPS of the documents) of one batch."""
+def _losses(model, tokenizer, rows: list[Pair], negatives: list[list[str]], config: SparseTrainConfig, device,
+            group: DistInfo | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(contrastive loss, FLOPS of the queries, FLOPS of the documents) of one batch; with
+    `group` (torchrun), of the global batch that every rank's rows make."""
     def encode(texts):
         batch = tokenizer(list(texts), max_length=config.max_length)
         return splade_vectors(model, {k: v.to(device) for k, v in batch.items()})
 
     queries = encode([r.query for r in rows])  # (B, V)
     documents = encode([r.positive for r in rows] + [n for ns in negatives for n in ns])  # (C, V)
+    queries, documents = parallel.gather_in_batch(queries, documents, len(rows), group)  # (B_all, V), (C_all, V)
     return contrastive_loss(queries, documents), flops(queries), flops(documents)
 
 

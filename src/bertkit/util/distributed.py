@@ -3,16 +3,25 @@
 `torchrun --nproc_per_node=N` starts N copies of the same command and tells each its place through
 environment variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With WORLD_SIZE > 1
 we join the group (NCCL when the process has a GPU, gloo on CPU); otherwise everything below is a
-no-op, so the training loop reads the same in one process and in many.
+no-op, so the training loop reads the same in one process and in many. Below the set-up, the
+collectives the trainers share: sums, Python objects, the rows of a batch a rank takes, and a
+gather that keeps gradients (in-batch negatives across ranks).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+# How long a collective waits for the other ranks. Fine-tuning's rank 0 scores the dev and test
+# sets alone while the others wait at the next collective; PyTorch's defaults (10 minutes on
+# NCCL, 30 on gloo) would end a run whose evaluation takes longer. A rank that dies still ends
+# the run at once: torchrun stops the others.
+GROUP_TIMEOUT = timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():
             # env:// reads MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE set by torchrun.
-            dist.init_process_group(backend=backend, init_method="env://",
+            dist.init_process_group(backend=backend, init_method="env://", timeout=GROUP_TIMEOUT,
                                     device_id=dev if use_cuda else None)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev,
                     backend=backend)
@@ -122,3 +131,64 @@ def barrier(info: DistInfo) -> None:
             dist.barrier(device_ids=[info.local_rank])
         else:
             dist.barrier()
+
+
+def all_gather_object(obj, info: DistInfo) -> list:
+    """Every rank's `obj` (a picklable value), in rank order; [obj] in a single process."""
+    if not info.enabled:
+        return [obj]
+    gathered: list = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def rank_rows(n: int, info: DistInfo) -> slice:
+    """The rows of a global batch of `n` rows that this rank takes: a contiguous run, the first
+    `n % world_size` ranks one row more, so ranks in order hold the batch in its own order."""
+    size, extra = divmod(n, info.world_size)
+    start = info.rank * size + min(info.rank, extra)
+    return slice(start, start + size + (1 if info.rank < extra else 0))
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """all_gather along dim 0 (ranks may hold different row counts) that lets gradients through.
+
+    Backward sums the gradient of the gathered tensor over ranks and hands each rank the rows
+    it gave, as `torch.distributed.nn.functional.all_gather` does and as sentence-transformers'
+    gathered MultipleNegativesRankingLoss and FlagEmbedding's `negatives_cross_device` rely on:
+    when every rank computes the same loss over the gathered rows, each rank's share of the
+    gradient is then world_size × its own, and DDP's mean over ranks gives the exact gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, sizes: list[int], rank: int) -> torch.Tensor:
+        ctx.sizes, ctx.rank = sizes, rank
+        longest = max(sizes)
+        if longest == 0:  # nothing on any rank (no hard negatives): nothing to send
+            return tensor.new_zeros((0, *tensor.shape[1:]))
+        # all_gather needs one shape on every rank: pad to the longest, cut the padding off after.
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[:len(tensor)] = tensor
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded.contiguous())
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])  # (sum(sizes), ...)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if not sum(ctx.sizes):
+            return grad, None, None
+        grad = grad.clone(memory_format=torch.contiguous_format)  # reduced in place: never autograd's buffer
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        start = sum(ctx.sizes[:ctx.rank])
+        return grad[start:start + ctx.sizes[ctx.rank]], None, None
+
+
+def gather_with_grad(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """(n_r, ...) on each rank → (Σ n_r, ...) on every rank, rank 0's rows first; gradients flow
+    back to each rank's own rows (see `_GatherWithGrad`). The tensor itself in a single process."""
+    if not info.enabled:
+        return tensor
+    count = torch.tensor([len(tensor)], device=tensor.device)
+    counts = [torch.zeros_like(count) for _ in range(info.world_size)]
+    dist.all_gather(counts, count)
+    return _GatherWithGrad.apply(tensor, [int(c) for c in counts], info.rank)

@@ -154,15 +154,15 @@ def max_context_owner(spans: Sequence[tuple[int, int]], length: int) -> list[int
 # ---------------------------------------------------------------------------------------------
 # batches
 # ---------------------------------------------------------------------------------------------
-def pad_batch(features: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad a list of features to the longest one; returns tensors.
+def pad_batch(features: Sequence[dict[str, Any]], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
+    """Pad a list of features to the longest one (or to `width` if longer); returns tensors.
 
     Each feature has `input_ids` and `token_type_ids` (lists of T_i ints) and optionally
     `labels` (an int / float, or a list of T_i ints for token tasks), `start_positions`,
     `end_positions` (ints). Output: input_ids, token_type_ids, attention_mask (B, T) long;
     labels (B,) long / float or (B, T) long padded with -100; start/end_positions (B,) long.
     """
-    width = max(len(f["input_ids"]) for f in features)
+    width = max(width, *(len(f["input_ids"]) for f in features))
     batch: dict[str, torch.Tensor] = {}
 
     def padded(key: str, value: int) -> torch.Tensor:

@@ -9,7 +9,8 @@ for the small models, which learn next to nothing in an epoch at base's rate. Af
 the eval set is scored; the best model so far is written to OUT_DIR at once, so a crash or a kill
 later loses nothing already learned; `patience` epochs without improvement stop the run.
 
-Resumable exactly, as pre-training is (`loop.py`).
+Resumable exactly, as pre-training is (`loop.py`). Every task runs under `torchrun` too, the
+global batch shared out among the processes (`bertkit.train.parallel`).
 
 OUT_DIR is a Hugging Face model directory (config.json with id2label / label2id,
 model.safetensors, tokenizer files) that `transformers`' matching `BertFor…` class loads with the

@@ -1,11 +1,14 @@
 """The fine-tuning run: epochs of AdamW steps, evaluation after each, the best epoch saved, exact resume.
 
 Every `save_every` steps and after every epoch a training state (weights, optimizer, schedule, the
-batch order's generator, torch / Python / NumPy RNG states, the epoch's running loss, the epoch
-records) is written atomically to OUT_DIR/checkpoints/step-N by `train.state.save_checkpoint`
+batch order's generator, every rank's torch / Python / NumPy RNG states, the epoch's running
+loss, the epoch records) is written atomically to OUT_DIR/checkpoints/step-N by `train.state.save_checkpoint`
 (only the newest is kept). `resume=True` continues from it: a run killed at any moment, even by
 SIGKILL, and resumed repeats the uninterrupted run's per-step losses. The state is removed once
 the run has finished.
+
+Under `torchrun` every rank runs this loop on its slice of each batch (`train.parallel`: the
+same updates as one process with the whole batch); rank 0 alone evaluates and writes OUT_DIR.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import random
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,10 +30,11 @@ from torch import nn
 
 from bertkit.backend.precision import autocast, resolve_precision
 from bertkit.constants import FINETUNE_CONFIG as CONFIG_FILE
+from bertkit.constants import IGNORE_INDEX
 from bertkit.data import labelled
 from bertkit.data.formats.common import pad_batch
 from bertkit.encoder.config import PRESETS, BertConfig
-from bertkit.train import health, lora, optim
+from bertkit.train import health, lora, optim, parallel
 from bertkit.train import state as train_state
 from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.train.finetune.setup import (
@@ -37,7 +42,6 @@ from bertkit.train.finetune.setup import (
     METRICS_FILE,
     STEPS_FILE,
     build_model,
-    device_for,
     load_best,
     load_tokenizer,
     save_model,
@@ -45,6 +49,8 @@ from bertkit.train.finetune.setup import (
 )
 from bertkit.train.finetune.task import Task
 from bertkit.train.optim import default_lr
+from bertkit.util import distributed
+from bertkit.util.distributed import DistInfo
 from bertkit.util.fileio import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,9 @@ def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, 
     labelling and scoring them; returns eval.json's content."""
     # Fail before any work; create OUT only once the inputs are good.
     out = train_state.check_run_outputs(config.out_dir, RUN_OUTPUTS, overwrite=config.overwrite, resume=config.resume)
+    # Under torchrun: joining the group waits for every rank, so all have checked OUT before rank 0 writes.
+    info = distributed.init_distributed(config.device)
+    parallel.check_batch_size(config.batch_size, info)
     tokenizer = load_tokenizer(config)
     task = task_class(config, tokenizer)
 
@@ -102,8 +111,9 @@ def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, 
     if early:
         log.warning("warning: %s", early)
 
-    device = device_for(config.device)
-    precision = resolve_precision(config.precision, device)
+    device = info.device
+    # "auto" measures the machine; every rank must compute alike, so rank 0's choice is the run's.
+    precision = distributed.broadcast_object(resolve_precision(config.precision, device), info)
     model.to(device)
     if config.freeze_encoder:
         for param in model.bert.parameters():
@@ -114,11 +124,13 @@ def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, 
         log.info("%s", lora_report.summary())
 
     resume_from = resume_point(config, out)
-    if resume_from is None:
-        start_out_dir(out)
-        save_model(model, out, config)  # config and initial weights first, so the directory is complete
-        tokenizer.save_pretrained(out)
-    atomic_write_json(out / CONFIG_FILE, config.to_dict())
+    distributed.barrier(info)  # every rank has read OUT's training state before rank 0 writes
+    if info.is_main:
+        if resume_from is None:
+            start_out_dir(out)
+            save_model(model, out, config)  # config and initial weights first, so the directory is complete
+            tokenizer.save_pretrained(out)
+        atomic_write_json(out / CONFIG_FILE, config.to_dict())
     reports = {"precision": precision, "train": train_report.to_dict(), "train_examples": len(train),
                "train_features": len(features), **task.notes}
     if evaluation is not None:
@@ -136,9 +148,11 @@ def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, 
     started = time.time()
     try:
         reports["precision"] = train_epochs(config, task, model, features, evaluation, out, state, metric,
-                                      higher, device, precision, resume_from)
+                                      higher, info, precision, resume_from)
         precision = reports["precision"]
     except BaseException as err:
+        if not info.is_main:
+            raise
         failure = summary_of(config, state, metric, reports, started,
                            status="interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
                            error=f"{type(err).__name__}: {err}")
@@ -149,6 +163,10 @@ def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, 
         atomic_write_json(out / EVAL_FILE, failure)
         raise
     summary = summary_of(config, state, metric, reports, started, status="done")
+    if info.world_size > 1:
+        summary["processes"] = info.world_size
+    if not info.is_main:  # rank 0 scores the test set and writes the results
+        return summary
     if test is not None:
         best = load_best(model, out, config, label_overrides).to(device)
         with autocast(device, precision):
@@ -184,11 +202,14 @@ def features_digest(features: Sequence[dict]) -> str:
 
 
 def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features: list[dict], evaluation,
-           out: Path, state: RunState, metric: str, higher: bool, device: torch.device,
+           out: Path, state: RunState, metric: str, higher: bool, info: DistInfo,
            precision: str, resume_from: Path | None = None) -> str:
     """The epochs of a run (continued from `resume_from`'s training state if given); returns the
-    precision trained in (a resumed run keeps its state's)."""
+    precision trained in (a resumed run keeps its state's). Under torchrun each rank runs its
+    slice of every batch (`train.parallel`); rank 0 alone writes and evaluates."""
     from tqdm.auto import tqdm
+
+    device, main = info.device, info.is_main
 
     rng = random.Random(config.seed)  # the batch order; dropout draws from torch's generator
     steps_per_epoch = math.ceil(len(features) / config.batch_size)
@@ -216,20 +237,27 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
         state.records, state.best, state.best_epoch = run["records"], run["best"], run["best_epoch"]
         state.best_eval, state.stopped_early = run["best_eval"], run["stopped_early"]
         precision = saved.get("precision", precision)
-        train_state.restore_rng_state(saved["rng"])
-        steps_log.truncate_after(step)  # a killed run wrote some after its last state
-        log.info("resuming from %s (step %d of %d, epoch %d)", resume_from, step, total, first_epoch)
+        parallel.restore_rank_rng(saved, info)
+        if main:
+            steps_log.truncate_after(step)  # a killed run wrote some after its last state
+            log.info("resuming from %s (step %d of %d, epoch %d)", resume_from, step, total, first_epoch)
+    else:
+        parallel.seed_dropout(config.seed, info)
+    engine = parallel.data_parallel(model, info)
 
     def save(epoch: int, position: int, order_rng) -> None:
         """The training state before micro-step `position` of `epoch` (whose batch order
         `order_rng` regenerates)."""
         run = {"records": state.records, "best": state.best, "best_epoch": state.best_epoch,
                "best_eval": state.best_eval, "stopped_early": state.stopped_early}
+        rngs = parallel.rank_rng_states(info)  # every rank calls: dropout streams are per rank
+        if not main:
+            return
         train_state.save_checkpoint(out, step, model, None, {
             "format": 1, "step": step, "epoch": epoch, "batch_in_epoch": position,
             "loss_sum": loss_sum, "n_batches": n_batches, "seconds": seconds,
             "order_rng": order_rng, "optimizer": optimizer.state_dict(),
-            "scheduler": schedule.state_dict(), "rng": train_state.capture_rng_state(),
+            "scheduler": schedule.state_dict(), "rng": rngs[0], "rank_rngs": rngs,
             "precision": precision, "features_digest": digest,
             "run": json.dumps(run)},  # plain JSON text: loads with weights_only=True
             keep=1, write_model=lora.save_weights, publish=False)  # a LoRA model: base and adapters apart
@@ -244,26 +272,29 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
         epoch_rng = rng.getstate()  # regenerates this epoch's order on resume
         batches = shuffled_batches(features, config.batch_size, rng)
         bar = tqdm(batches[skip:], desc=f"epoch {epoch}/{config.epochs}", initial=skip,
-                   total=len(batches), unit="batch", disable=not config.progress, dynamic_ncols=True)
+                   total=len(batches), unit="batch", disable=not (config.progress and main), dynamic_ncols=True)
         for position, batch_index in enumerate(bar, start=skip):
-            batch = pad_batch([features[i] for i in batch_index], task.pieces.pad_id)
+            part = parallel.shard(batch_index, info)
+            batch = rank_batch(features, batch_index, part, task.pieces.pad_id)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
             with autocast(device, precision):
-                loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1} (epoch "
+                loss = engine(partial(head_loss, batch={k: v.to(device) for k, v in batch.items()}))
+            loss = parallel.share(loss, part, loss_terms(features, part.rows), loss_terms(features, batch_index))
+            loss_value = parallel.global_loss(loss, info)
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"the loss became {loss_value} at step {step + 1} (epoch "
                                          f"{epoch}); lower --lr. The best model so far is in {out}")
-            loss.backward()
+            parallel.for_backward(loss, info).backward()
             if config.max_grad_norm:
                 nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            loss_value = loss.item()
             loss_sum += loss_value
             n_batches += 1
-            steps_log.write({"step": step, "epoch": epoch, "loss": loss_value, "lr": lr})
+            if main:
+                steps_log.write({"step": step, "epoch": epoch, "loss": loss_value, "lr": lr})
             bar.set_postfix(loss=f"{loss_sum / n_batches:.4f}")
             if step % config.save_every == 0 and position + 1 < len(batches):
                 seconds += time.time() - tick  # this session's share of the epoch so far
@@ -274,8 +305,11 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
         record = {"epoch": epoch, "step": step, "train_loss": loss_sum / max(1, n_batches),
                   "lr": schedule.get_last_lr()[0], "train_seconds": round(seconds, 2)}
         if evaluation is not None:
-            with autocast(device, precision):
-                scores = task.evaluate(model, evaluation[0], config.eval)
+            scores = None
+            if main:
+                with autocast(device, precision):
+                    scores = task.evaluate(model, evaluation[0], config.eval)
+            scores = distributed.broadcast_object(scores, info)  # every rank picks the same best epoch
             record["eval"] = scores
             value = scores.get(metric)
         else:
@@ -283,11 +317,13 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
         if evaluation is None or improved(value, state.best, higher):
             state.best, state.best_epoch = value, epoch
             state.best_eval = record.get("eval")
-            save_model(model, out, config)  # atomic per file; the config does not change between epochs
+            if main:
+                save_model(model, out, config)  # atomic per file; the config does not change between epochs
             record["saved"] = True
         state.records.append(record)
-        atomic_write_text(out / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in state.records))
-        log.info("epoch %d: %s", epoch, json.dumps(record))
+        if main:
+            atomic_write_text(out / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in state.records))
+            log.info("epoch %d: %s", epoch, json.dumps(record))
         if config.patience and state.best_epoch is not None and epoch - state.best_epoch >= config.patience:
             state.stopped_early = True
         loss_sum, n_batches, seconds = 0.0, 0, 0.0
@@ -295,6 +331,31 @@ def train_epochs(config: FinetuneConfig, task: Task, model: nn.Module, features:
         if state.stopped_early:
             break
     return precision
+
+
+def rank_batch(features: Sequence[dict], batch_index: Sequence[int], part: parallel.Shard, pad_id: int
+               ) -> dict[str, torch.Tensor]:
+    """This rank's rows of the global batch `batch_index`, padded (B_r, T) to the whole batch's
+    width T as one process pads it: QA's loss is a softmax over every position, padding included
+    (as the reference's), so its value depends on the width."""
+    width = max(len(features[i]["input_ids"]) for i in batch_index)
+    return pad_batch([features[i] for i in part.rows], pad_id, width)
+
+
+def head_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The head's own loss of a padded batch, () float: a mean over the batch's terms."""
+    return model(**batch).loss
+
+
+def loss_terms(features: Sequence[dict], rows: Sequence[int]) -> int:
+    """The terms a head's loss averages over in `rows`: the labelled tokens of a token task (NER;
+    -100 = ignored), the label entries of a multi-label row, else one per row (classify, pair,
+    regression, qa)."""
+    count = 0
+    for i in rows:
+        labels = features[i].get("labels")
+        count += sum(1 for x in labels if x != IGNORE_INDEX) if isinstance(labels, (list, tuple)) else 1
+    return count
 
 
 def summary_of(config: FinetuneConfig, state: RunState, metric: str, reports: dict, started: float,

@@ -74,10 +74,11 @@ def build_model(task: str, model: str, vocab_size: int, label_overrides: dict[st
 
 
 def device_for(name: str) -> torch.device:
-    """The device of a single-process run (fine-tuning and distillation do not run under torchrun)."""
+    """The device of a single-process run (distillation; fine-tuning runs under torchrun too, see
+    `train.parallel`)."""
     info = distributed.init_distributed(name)
     if info.world_size > 1:
-        raise ValueError("fine-tuning runs in a single process; start it without torchrun")
+        raise ValueError("distillation runs in a single process; start it without torchrun")
     return info.device
 
 

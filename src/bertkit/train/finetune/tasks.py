@@ -30,6 +30,7 @@ from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.train.finetune.loop import train_labelled
 from bertkit.train.finetune.task import ClassifyTask, NerTask, QATask, Task
 from bertkit.train.retrieval import biencoder, crossencoder
+from bertkit.util import distributed
 
 Settings = Any  # the row's settings class: FinetuneConfig, RetrievalTrainConfig or SparseTrainConfig
 
@@ -137,9 +138,20 @@ def finetune_settings(options: dict[str, Any]) -> Settings:
 def run_finetune(config: Settings) -> dict[str, Any]:
     """Run one fine-tuning of any task: `config` is a FinetuneConfig (the retrieval and SPLADE
     tasks take the fields they share with it) or the task's own settings (`finetune_settings`).
+    Under `torchrun` each process calls it with the same settings (see `train.parallel`).
     Returns eval.json's content."""
     row = row_of(config.task)
-    return row.trainer(config if isinstance(config, row.settings) else row.from_finetune(config))
+    settings = config if isinstance(config, row.settings) else row.from_finetune(config)
+    # Under torchrun every rank runs this (`train.parallel`); the trainer finds the group joined.
+    info = distributed.init_distributed(settings.device)
+    try:
+        summary = row.trainer(settings)
+        # All ranks leave together: a rank that tears the group down while rank 0 still writes
+        # its last files can abort gloo (as pre-training found).
+        distributed.barrier(info)
+        return summary
+    finally:
+        distributed.shutdown(info)
 
 
 def finetune(task: str, model_dir: str, train_file: str, out_dir: str, *, eval_file: str | None = None,

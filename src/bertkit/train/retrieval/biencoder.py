@@ -18,11 +18,15 @@ from torch import nn
 
 from bertkit.encoder.packing import mean_pool
 from bertkit.train import health
+from bertkit.train.parallel import gather_in_batch
 from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, encode
+from bertkit.util.distributed import DistInfo
 from bertkit.util.fileio import atomic_write_json
 
 # sentence-transformers' default learning rate, for the bi-encoder's whole encoder.
 DEFAULT_LR = 2e-5
+# Under torchrun the loss gathers every rank's embeddings (in-batch negatives across ranks).
+GATHERS = True
 
 
 def build(config: RetrievalTrainConfig) -> nn.Module:
@@ -79,15 +83,20 @@ def multiple_negatives_ranking_loss(queries: torch.Tensor, candidates: torch.Ten
 
 
 
-def loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, device) -> torch.Tensor:
+def loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, device,
+         group: DistInfo | None = None) -> torch.Tensor:
     """The in-batch loss of a batch of pairs: each query against every positive of the batch and
-    up to `hard_negatives` of each row's own negatives."""
+    up to `hard_negatives` of each row's own negatives. group: under torchrun, the ranks whose
+    rows make the global batch with these (sentence-transformers' gathered in-batch negatives,
+    FlagEmbedding's negatives_cross_device): their embeddings join, with gradients, before the
+    loss, which is then the global batch's on every rank."""
     candidates = [r.positive for r in rows]
     candidates += [n for r in rows for n in r.negatives[:config.hard_negatives]]
     q = encode(tokenizer, [r.query for r in rows], None, config.max_length, device)
     d = encode(tokenizer, candidates, None, config.max_length, device)
     qv = pool_padded(model(**q).last_hidden_state, q["attention_mask"], config.pooling)  # (B, H)
     dv = pool_padded(model(**d).last_hidden_state, d["attention_mask"], config.pooling)  # (C, H)
+    qv, dv = gather_in_batch(qv, dv, len(rows), group)  # (B_all, H), (C_all, H): every rank's rows
     return multiple_negatives_ranking_loss(qv, dv, config.scale)
 
 

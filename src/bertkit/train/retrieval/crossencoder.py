@@ -33,6 +33,8 @@ from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, encode
 # reaches 0.50 and 0.767. 2e-5 (sentence-transformers' default) is made for thousands of steps.
 RERANK_LR = 3e-4
 DEFAULT_LR = RERANK_LR
+# A query's loss reads its own pairs only: under torchrun each rank's rows stand alone.
+GATHERS = False
 
 
 def build(config: RetrievalTrainConfig) -> nn.Module:
