@@ -64,6 +64,14 @@ def test_encode_equals_flagembedding(flag_model):
         assert np.abs(ours - np.array(theirs)).max() <= TOLERANCE
 
 
+def test_encode_in_chunks_equals_one_call(flag_model):
+    whole = flag_model.encode(ORACLE["texts"], output=("dense", "sparse", "colbert"))
+    chunked = flag_model.encode(ORACLE["texts"], output=("dense", "sparse", "colbert"), batch_size=4)
+    assert np.abs(whole["dense"] - chunked["dense"]).max() <= TOLERANCE
+    assert [set(w) for w in whole["sparse"]] == [set(c) for c in chunked["sparse"]]
+    assert all(np.abs(w - c).max() <= TOLERANCE for w, c in zip(whole["colbert"], chunked["colbert"]))
+
+
 def test_one_text_gives_its_own_outputs(flag_model):
     got = flag_model.encode(ORACLE["texts"][1], output=["sparse", "colbert"])
     assert set(got) == {"sparse", "colbert"} and isinstance(got["sparse"], dict)

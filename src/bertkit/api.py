@@ -179,9 +179,9 @@ class Model:
             if pooling is not None or truncate_dim is not None or normalize or normalize_embeddings:
                 raise ValueError("pooling, normalize and truncate_dim shape encode's one dense vector; with "
                                  "output=, dense is BGE-M3's unit [CLS] vector: leave them out")
-            return _m3_result([inference.encode_m3(self.engine, texts[i:i + _chunk_size(batch_size)], output,
-                                                   prompt=prefix)
-                               for i in range(0, len(texts), _chunk_size(batch_size))], single)
+            chunk = _chunk_size(batch_size)
+            return _m3_result([inference.encode_m3(self.engine, texts[i:i + chunk], output, prompt=prefix)
+                               for i in range(0, len(texts), chunk)], single)
         unit = normalize or bool(normalize_embeddings)
         # Not asked to normalise: the model's own Normalize module, if its files have one.
         own = None if self.engine.pooling is not None and pooling is None else False
