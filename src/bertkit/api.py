@@ -10,6 +10,9 @@ inference engine (`bertkit.inference.Engine`): the same batching, precision and 
 command line and the service. The encoder under any head embeds and tokenizes; the other methods
 need their head (fill_mask a masked-LM head, classify a sequence classifier, rerank a cross-encoder,
 ner a token classifier, qa a question-answering head) and say which head the model has otherwise.
+A model in BGE-M3's layout (its two head files beside the encoder) also gives its three outputs
+from one forward pass (`encode(texts, output=("dense", "sparse", "colbert"))`) and its scores
+(`compute_score`).
 
 `encode` follows sentence-transformers' `SentenceTransformer.encode`: NumPy out (a torch tensor
 with convert_to_tensor=True), one row per text, a 1-D vector for a single string, and the model's
@@ -178,7 +181,8 @@ class Model:
         if output is not None:
             if pooling is not None or truncate_dim is not None or normalize or normalize_embeddings:
                 raise ValueError("pooling, normalize and truncate_dim shape encode's one dense vector; with "
-                                 "output=, dense is BGE-M3's unit [CLS] vector: leave them out")
+                                 "output=, dense is BGE-M3's unit [CLS] vector (without M3's heads: the "
+                                 "model's pooling, unit length): leave them out")
             chunk = _chunk_size(batch_size)
             return _m3_result([inference.encode_m3(self.engine, texts[i:i + chunk], output, prompt=prefix)
                                for i in range(0, len(texts), chunk)], single)
