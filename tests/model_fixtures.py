@@ -24,3 +24,18 @@ def save_tiny(model_class, tokenizer, out: Path, seed: int = 0, **config) -> Pat
     model_class(BertConfig.from_dict(settings)).eval().save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def save_tiny_m3(tokenizer, out: Path, seed: int = 0, colbert_dim: int = 29) -> Path:
+    """A tiny random encoder in BGE-M3's layout: the bare encoder plus its two head files
+    (colbert_linear / sparse_linear, safetensors), ColBERT vectors of an odd size of their own."""
+    from bertkit.encoder.m3 import M3Heads, write_m3_heads
+    from bertkit.encoder.model import BertModel
+
+    save_tiny(BertModel, tokenizer, out, seed=seed)
+    torch.manual_seed(seed + 1)
+    heads = M3Heads(TINY["hidden_size"], colbert_dim)
+    with torch.no_grad():
+        heads.sparse_linear.bias.fill_(0.1)  # most tokens above the ReLU
+    write_m3_heads(heads, out)
+    return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -134,6 +134,12 @@ FILE_FORMS: dict[str, Spec] = {
     "rerank": _use("rerank", "RERANK", "--query", "a cat"),
 }
 
+# Flags that change what a command reads and writes, each tried as a form of its own ("COMMAND
+# --FLAG"): BGE-M3's outputs need its head files, so the wrong model is one without them.
+FLAG_FORMS: dict[str, Spec] = {
+    "embed --output": replace(_use("embed", "M3", "--output", "dense,sparse,colbert"), wrong_model="PT"),
+}
+
 # (command, case) → why, where the rules in `not_applicable` do not say it already.
 SPECIAL_CASES: dict[tuple[str, str], str] = {
     # A corpus source may be a directory (its files are read), so a directory is not wrong there.
@@ -156,6 +162,8 @@ def has_option(command: str, option: str) -> bool:
 
 def spec_for(command: str) -> Spec:
     """The command's file form where it reads --input files, else its SPECS entry."""
+    if command in FLAG_FORMS:
+        return FLAG_FORMS[command]
     if command in FILE_FORMS and (command not in SPECS or has_option(command, "--input")):
         return FILE_FORMS[command]
     return SPECS[command]
@@ -251,13 +259,16 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     qa_rows = root / "qa.jsonl"
     qa_rows.write_text(json.dumps({"question": "what does the cat see?",
                                    "context": "the cat sees the red ball."}) + "\n", encoding="utf-8")
+    from bertkit.encoder.m3 import M3Heads, write_m3_heads
     from bertkit.retrieval import build_index
 
+    shutil.copytree(pt, root / "m3")  # BGE-M3's layout: an encoder and its two head files
+    write_m3_heads(M3Heads(config.hidden_size, 17), root / "m3")
     build_index(texts, pt, root / "index", progress=False)
     torch.set_num_threads(before)
     return {"PT": pt, "CLF": clf, "DATA": data, "TRAIN": train, "TEXTS": texts, "CORPUS": corpus,
             "INDEX": root / "index", "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only,
-            "MASK_TEXTS": mask_texts, "QA_ROWS": qa_rows, "STS": sts,
+            "MASK_TEXTS": mask_texts, "QA_ROWS": qa_rows, "STS": sts, "M3": root / "m3",
             **{name: root / name.lower() for name in heads}}
 
 
@@ -363,7 +374,7 @@ def build_argv(spec: Spec, case: str, assets: dict[str, Path], tmp: Path) -> tup
 # ---------------------------------------------------------------------------------------------
 # the matrix
 # ---------------------------------------------------------------------------------------------
-KNOWN = sorted(set(SPECS) | set(FILE_FORMS))
+KNOWN = sorted(set(SPECS) | set(FILE_FORMS) | set(FLAG_FORMS))
 
 
 def test_every_command_has_a_contract_spec():
@@ -386,7 +397,8 @@ def test_not_applicable_is_explained():
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("command", KNOWN)
 def test_contract(command, case, assets, tmp_path, capsys, monkeypatch):
-    if command not in cli.command_parsers(cli.build_parser()):
+    name = command.split(" --")[0]  # a flag's form runs its command
+    if name not in cli.command_parsers(cli.build_parser()):
         pytest.skip(f"{command}: not a command of this version of the CLI")
     spec = spec_for(command)
     why = not_applicable(command, spec).get(case)
@@ -406,7 +418,7 @@ def test_contract(command, case, assets, tmp_path, capsys, monkeypatch):
     lines = err.strip().splitlines()
     assert status == 2, f"{command} {case}: exit {status}\n{err}"
     assert "Traceback" not in err
-    errors = [line for line in lines if line.startswith(f"bertkit {command}: error: ")]
+    errors = [line for line in lines if line.startswith(f"bertkit {name}: error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], err
     # Lines before the error may only be the data readers' reports of the bad rows they skipped.
     assert all(line.endswith("skipped)") for line in lines[:-1]), err

@@ -31,7 +31,7 @@ from bertkit.encoder.model import BertForMaskedLM
 from bertkit.inference import classify, embed, fill_mask, ner, qa, rerank
 from bertkit.serve import Limits, Service, build_app, load_model
 
-from model_fixtures import save_tiny
+from model_fixtures import save_tiny, save_tiny_m3
 from web_fixtures import running_app, serve_process
 
 SENTENCES = ["A man is playing a guitar.", "Someone plays an instrument on stage tonight.",
@@ -50,7 +50,8 @@ def model_dirs(minilm_dir, tmp_path_factory) -> dict[str, Path]:
             "cross": save_tiny(BertForSequenceClassification, tok, root / "cross", id2label={0: "LABEL_0"}),
             "ner": save_tiny(BertForTokenClassification, tok, root / "ner",
                          id2label={0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}),
-            "qa": save_tiny(BertForQuestionAnswering, tok, root / "qa")}
+            "qa": save_tiny(BertForQuestionAnswering, tok, root / "qa"),
+            "m3": save_tiny_m3(tok, root / "m3")}
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +220,27 @@ def test_embed_sparse_equals_the_library_in_teis_shape(client, models):
                                                                               "activation_function": "relu"}}}
 
 
+def test_m3_routes_equal_the_library(client, models):
+    """A model in BGE-M3's layout: /embed_sparse gives its lexical weights in TEI's shape and
+    /embed_multi its ColBERT vectors, as `encode_m3` gives them."""
+    from bertkit.inference.m3 import encode_m3
+
+    texts = ["paris is the capital of france.", "the cat sat on the mat."]
+    want = encode_m3(models["m3"].engine, texts)
+    sparse = client.post("/embed_sparse", json={"inputs": texts, "model": "m3"})
+    assert sparse.status_code == 200, sparse.text
+    for row, (ix, values) in zip(sparse.json(), want["sparse"]):
+        assert [p["index"] for p in row] == ix.tolist()
+        assert max(abs(p["value"] - v) for p, v in zip(row, values.tolist())) <= 1e-6
+    multi = client.post("/embed_multi", json={"inputs": texts, "model": "m3"})
+    assert multi.status_code == 200, multi.text
+    for row, vectors in zip(multi.json(), want["colbert"]):
+        assert np.abs(np.array(row) - vectors.numpy()).max() <= 1e-6
+    info = {m["name"]: m for m in client.get("/info").json()["models"]}["m3"]
+    assert info["uses"] == ["embed", "tokenize", "embed_sparse", "embed_multi"]
+    assert info["model_type"] == {"embedding": {"pooling": "mean", "m3": {"colbert_dim": 29}}}
+
+
 def test_health_info_metrics(client):
     assert client.get("/health").status_code == 200
     ready = client.get("/ready")
@@ -285,6 +307,12 @@ BAD = [
      "`truncation_direction` must be"),
     ("/embed_sparse", {"inputs": "x", "model": "mlm", "prompt_name": "query"}, 422, "is not a prompt"),
     ("/embed_sparse", {"inputs": "word " * 300, "model": "mlm", "truncate": False}, 422, "longer than"),
+    ("/embed_multi", {"inputs": "x"}, 424, "does not serve embed_multi"),
+    ("/embed_multi", {"inputs": "x", "model": "mlm"}, 424, "does not serve embed_multi"),
+    ("/embed_multi", {"inputs": [], "model": "m3"}, 422, "`inputs` is an empty list"),
+    ("/embed_multi", {"inputs": ["x"] * 33, "model": "m3"}, 422, "33 inputs, more than max_client_batch_size 32"),
+    ("/embed_multi", {"inputs": "x", "model": "m3", "prompt_name": "query"}, 422, "is not a prompt"),
+    ("/embed_multi", {"inputs": "word " * 300, "model": "m3", "truncate": False}, 422, "longer than"),
     ("/fill-mask", {"inputs": "a [MASK]", "model": "mlm", "top_k": 0}, 422, "`top_k` must be an integer"),
     ("/qa", {"question": ["a", "b"], "context": ["c", "d", "e"], "model": "qa"}, 422, "`context` has 3"),
     ("/embed", b'{"inputs": "' + b"x" * 100_001 + b'"}', 413, "payload limit of 100,000 bytes"),

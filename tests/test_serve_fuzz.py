@@ -23,7 +23,7 @@ from bertkit.encoder.model import BertForMaskedLM  # noqa: E402
 from bertkit.serve import Limits, Service, build_app, load_model  # noqa: E402
 from bertkit.serve.app import ROUTES  # noqa: E402
 
-from model_fixtures import save_tiny  # noqa: E402
+from model_fixtures import save_tiny, save_tiny_m3  # noqa: E402
 from web_fixtures import fuzz_operation, running_app  # noqa: E402
 
 WAIT = 20.0
@@ -44,7 +44,8 @@ def fuzz_models(minilm_dir: Path, root: Path) -> dict:
             "clf": save_tiny(BertForSequenceClassification, tok, root / "clf", id2label={0: "neg", 1: "pos"}),
             "cross": save_tiny(BertForSequenceClassification, tok, root / "cross", id2label={0: "LABEL_0"}),
             "ner": save_tiny(BertForTokenClassification, tok, root / "ner", id2label={0: "O", 1: "B-PER", 2: "I-PER"}),
-            "qa": save_tiny(BertForQuestionAnswering, tok, root / "qa")}
+            "qa": save_tiny(BertForQuestionAnswering, tok, root / "qa"),
+            "m3": save_tiny_m3(tok, root / "m3")}
     return {name: load_model(name, path) for name, path in dirs.items()}
 
 
@@ -83,7 +84,7 @@ OPERATIONS = [(r.operation.method, r.operation.path) for r in ROUTES] + [("get",
 # tokenize only: 424 elsewhere. So valid requests to a head's route are sent to a model with that
 # head, and fill-mask's texts get a [MASK], so that the model code runs, not only validation.
 HEAD_OF = {"/rerank": "cross", "/predict": "clf", "/fill-mask": "mlm", "/ner": "ner", "/qa": "qa",
-           "/embed_sparse": "mlm"}
+           "/embed_sparse": "mlm", "/embed_multi": "m3"}
 
 
 def steer(case, path: str, mode: str) -> None:

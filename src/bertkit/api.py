@@ -10,6 +10,9 @@ inference engine (`bertkit.inference.Engine`): the same batching, precision and 
 command line and the service. The encoder under any head embeds and tokenizes; the other methods
 need their head (fill_mask a masked-LM head, classify a sequence classifier, rerank a cross-encoder,
 ner a token classifier, qa a question-answering head) and say which head the model has otherwise.
+A model in BGE-M3's layout (its two head files beside the encoder) also gives its three outputs
+from one forward pass (`encode(texts, output=("dense", "sparse", "colbert"))`) and its scores
+(`compute_score`).
 
 `encode` follows sentence-transformers' `SentenceTransformer.encode`: NumPy out (a torch tensor
 with convert_to_tensor=True), one row per text, a 1-D vector for a single string, and the model's
@@ -152,7 +155,8 @@ class Model:
                normalize_embeddings: bool | None = None, convert_to_tensor: bool = False,
                convert_to_numpy: bool = True, pooling: str | None = None, prompt_name: str | None = None,
                prompt: str | None = None, truncate_dim: int | None = None,
-               show_progress_bar: bool = False) -> np.ndarray | torch.Tensor:
+               show_progress_bar: bool = False, output: str | Sequence[str] | None = None
+               ) -> np.ndarray | torch.Tensor | dict[str, Any]:
         """Sentence embeddings: (N, H) float32 for a list, (H,) for one string.
 
         batch_size: texts per engine call (default 1,024; the engine packs each call by tokens).
@@ -165,11 +169,23 @@ class Model:
         truncate_dim: keep the first dimensions (a Matryoshka model; default: the model's own
         truncate_dim); the vectors are cut after the model's Normalize, then normalized only when
         asked, as sentence-transformers does.
+        output: BGE-M3's outputs from one forward pass, any of "dense", "sparse", "colbert" (a
+        model with M3's head files; dense alone runs on any model): a dict by output name of
+        dense (N, H) unit rows, sparse [{token id as str: weight}] (FlagEmbedding's
+        lexical_weights) and colbert [(T - 1, D) unit rows], per text (one string: its own).
         """
         single = isinstance(texts, str)
         texts = as_texts(texts)
         prefix = resolve_prompt({"prompts": self.prompts, "default_prompt_name": self.default_prompt_name},
                                 prompt_name, prompt)
+        if output is not None:
+            if pooling is not None or truncate_dim is not None or normalize or normalize_embeddings:
+                raise ValueError("pooling, normalize and truncate_dim shape encode's one dense vector; with "
+                                 "output=, dense is BGE-M3's unit [CLS] vector (without M3's heads: the "
+                                 "model's pooling, unit length): leave them out")
+            chunk = _chunk_size(batch_size)
+            return _m3_result([inference.encode_m3(self.engine, texts[i:i + chunk], output, prompt=prefix)
+                               for i in range(0, len(texts), chunk)], single)
         unit = normalize or bool(normalize_embeddings)
         # Not asked to normalise: the model's own Normalize module, if its files have one.
         own = None if self.engine.pooling is not None and pooling is None else False
@@ -196,6 +212,15 @@ class Model:
         if not convert_to_numpy:
             return list(vectors) if not single else vectors
         return vectors.numpy()
+
+    def compute_score(self, pairs: tuple[str, str] | Sequence[tuple[str, str]], *,
+                      weights: Sequence[float] | None = None) -> dict[str, list[float] | float]:
+        """BGE-M3's scores of (query, passage) pairs, as FlagEmbedding's compute_score: {"colbert",
+        "sparse", "dense", "sparse+dense", "colbert+sparse+dense": one score per pair} (one pair:
+        floats). weights: (dense, sparse, colbert) of the mixed modes, default (1, 1, 1)."""
+        single = len(pairs) == 2 and all(isinstance(t, str) for t in pairs)
+        scores = inference.compute_score(self.engine, [pairs] if single else pairs, weights=weights)
+        return {mode: values[0] for mode, values in scores.items()} if single else scores
 
     def similarity(self, a: np.ndarray | torch.Tensor | Sequence[str],
                    b: np.ndarray | torch.Tensor | Sequence[str] | None = None) -> np.ndarray:
@@ -322,6 +347,20 @@ class Model:
         if isinstance(x, str) or (isinstance(x, Sequence) and x and isinstance(x[0], str)):
             return self.encode(x, convert_to_tensor=True).reshape(-1, self.dimension)
         return torch.as_tensor(np.asarray(x), dtype=torch.float32).reshape(-1, np.shape(x)[-1])
+
+
+def _m3_result(parts: list[dict[str, Any]], single: bool) -> dict[str, Any]:
+    """`encode_m3`'s chunks joined into `encode(output=...)`'s dict of NumPy and plain Python."""
+    out: dict[str, Any] = {}
+    for name in parts[0]:
+        rows = [row for part in parts for row in part[name]]
+        if name == "dense":
+            out[name] = torch.cat([part[name] for part in parts]).numpy()
+        elif name == "sparse":
+            out[name] = [{str(int(i)): float(v) for i, v in zip(ix, values)} for ix, values in rows]
+        else:
+            out[name] = [tokens.numpy() for tokens in rows]
+    return {name: value[0] for name, value in out.items()} if single else out
 
 
 def _chunk_size(batch_size: int | None) -> int:

@@ -17,7 +17,7 @@ FINETUNE_TASKS = LABELLED_TASKS + ("embed", "rerank", "sparse")
 DISTILL_TASKS = ("classify", "ner")
 
 # The engine's uses: what a model directory can be asked to do (`bertkit <use>`, `Engine.load(use=)`).
-USES = ("embed", "embed-sparse", "fill-mask", "classify", "ner", "qa", "rerank")
+USES = ("embed", "embed-sparse", "fill-mask", "classify", "ner", "qa", "rerank", "embed-m3")
 # The uses `bertkit export` writes a graph for (SPLADE's weights are computed from fill-mask's logits).
 EXPORT_USES = ("embed", "fill-mask", "classify", "rerank", "ner", "qa")
 

@@ -127,6 +127,10 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
                    "(--input: JSON Lines of vocabulary indices and values)")
     p.add_argument("--top-k", type=int, default=None,
                    help="with --sparse: keep each text's K largest weights (default: all non-zero)")
+    p.add_argument("--output", default=None, metavar="NAMES",
+                   help="BGE-M3's outputs from one forward pass, comma-separated: dense, sparse (lexical "
+                   "weights), colbert (a vector per token); sparse and colbert need M3's head files "
+                   "(--input: JSON Lines with those fields)")
     g = p.add_argument_group("passages (with --input)")
     g.add_argument("--passage-tokens", type=int, default=0,
                    help="cut each document into passages of at most N pieces (sentence-aware; N up to the "
@@ -146,6 +150,8 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_embed(args: argparse.Namespace) -> None:
+    if args.output is not None:
+        return _run_embed_m3(args)
     if args.sparse and args.ray is not None:
         raise ValueError("--ray writes dense embeddings; leave out --sparse (or --ray)")
     if args.sparse:
@@ -235,6 +241,52 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
     for text, (ix, v) in zip(args.texts, rows):
         terms = "  ".join(f"{t} {w:.2f}" for t, w in decode(engine.tokenizer, ix, v, shown))
         print(f"{text}\n  {len(ix)} terms; top {min(shown, len(ix))}: {terms}")
+
+
+def _run_embed_m3(args: argparse.Namespace) -> None:
+    """`embed --output dense,sparse,colbert`: BGE-M3's outputs per text, or a file job of them."""
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
+    from bertkit.inference.embed import resolve_prompt
+    from bertkit.inference.m3 import check_outputs, encode_m3
+    from bertkit.inference.sparse import decode
+
+    others = [flag for flag, given in (("--sparse", args.sparse), ("--ray", args.ray is not None),
+                                       ("--pooling", args.pooling), ("--no-normalize", args.normalize is False),
+                                       ("--truncate-dim", args.truncate_dim), ("--top-k", args.top_k),
+                                       ("--passage-tokens", args.passage_tokens),
+                                       ("--passage-overlap", args.passage_overlap)) if given]
+    if others:
+        raise ValueError(f"{others[0]} does not go with --output (BGE-M3's dense vector is its unit [CLS] "
+                         "state, its lexical weights every one above 0); leave it out")
+    outputs = [name.strip() for name in args.output.split(",") if name.strip()]
+    _inputs(args)
+    if args.input:
+        from bertkit.inference.jobs import output_kind
+
+        output_kind("embed-m3", args.out)
+    engine = _engine(args, "embed")
+    outputs = list(check_outputs(engine, outputs))
+    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
+    prompt = resolve_prompt(settings, args.prompt_name, args.prompt)
+    if args.input:
+        return _file_job(args, "embed-m3", engine, outputs=outputs, prompt=prompt)
+    got = encode_m3(engine, args.texts, outputs, prompt=prompt)
+    for i, text in enumerate(args.texts):
+        sparse = decode(engine.tokenizer, *got["sparse"][i]) if "sparse" in got else None
+        if args.json:
+            print_json([{"text": text, **({"dense": got["dense"][i].tolist()} if "dense" in got else {}),
+                         **({"sparse": dict(sparse)} if sparse is not None else {}),
+                         **({"colbert": got["colbert"][i].tolist()} if "colbert" in got else {})}])
+            continue
+        print(text)
+        if "dense" in got:
+            print(f"  dense: {len(got['dense'][i])} floats, unit length: "
+                  + " ".join(f"{v:.3f}" for v in got["dense"][i][:6].tolist()) + " ...")
+        if sparse is not None:
+            print(f"  sparse: {len(sparse)} terms: " + "  ".join(f"{t} {w:.3f}" for t, w in sparse[:10]))
+        if "colbert" in got:
+            tokens, dim = got["colbert"][i].shape
+            print(f"  colbert: {tokens} vectors of {dim} floats (every token after the first), unit length")
 
 
 def _embed_passages(args: argparse.Namespace, options: dict) -> None:

@@ -13,9 +13,11 @@ from bertkit.inference.classify import classify, rerank
 from bertkit.inference.embed import embed, similarity
 from bertkit.inference.engine import Batch, Engine, token_budget_batches
 from bertkit.inference.fill_mask import Candidate, fill_mask, load_masked_lm
+from bertkit.inference.m3 import compute_score, encode_m3
 from bertkit.inference.ner import ner
 from bertkit.inference.qa import qa
 from bertkit.inference.tokens import tokens
 
 __all__ = ["Engine", "Batch", "Pooling", "token_budget_batches", "embed", "similarity", "fill_mask",
-           "Candidate", "load_masked_lm", "classify", "rerank", "ner", "qa", "tokens"]
+           "Candidate", "load_masked_lm", "classify", "rerank", "ner", "qa", "tokens", "encode_m3",
+           "compute_score"]

@@ -39,6 +39,7 @@ from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder import tasks
 from bertkit.encoder.checkpoint import missing_from
 from bertkit.encoder.heads import use_class
+from bertkit.encoder.m3 import M3Heads, read_m3_heads
 from bertkit.encoder.packing import Packed
 from bertkit.encoder.sentence_transformers import Pooling, sparse_encoder_length
 from bertkit.util.fileio import model_directory
@@ -187,6 +188,9 @@ class Engine:
     # the slot this engine's sequences take unless `run` is given one per sequence (None: the base).
     routing: Any = None
     adapter_slot: int | None = None
+    # BGE-M3's lexical and multi-vector heads (`encoder.m3`), when the directory has them; they run
+    # on the encoder's last states (`inference.m3`).
+    m3: M3Heads | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None:
@@ -208,6 +212,10 @@ class Engine:
         self.precision = resolve_precision(self.precision, self.device)
         self.model = prepare_model(self.model, self.precision, self.device)
         self.float_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        if self.m3 is not None:
+            # Two Linear layers over the last states, beside a dozen layers: int8 would save nothing
+            # measurable there, so they stay in fp32 unless the whole model runs in bf16.
+            self.m3 = self.m3.eval().to(self.device, self.float_dtype)
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, use: str = "embed", **options: Any) -> "Engine":
@@ -226,7 +234,8 @@ class Engine:
         pooling = Pooling.read(model_dir)
         if options.get("max_length") is None:
             options["max_length"] = input_length(model.config, tokenizer, pooling, model_dir)
-        return cls(model, tokenizer, model_dir=Path(model_dir), use=use, pooling=pooling, **options)
+        m3 = read_m3_heads(model_dir, model.config.hidden_size)
+        return cls(model, tokenizer, model_dir=Path(model_dir), use=use, pooling=pooling, m3=m3, **options)
 
     # -- tokenization --------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:

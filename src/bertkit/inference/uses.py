@@ -8,6 +8,8 @@
     ner           ner            {entities}, tags     entities                  logits (B, T, K)
     qa            qa             {answers}            answers                   start_logits, end_logits
     rerank        rerank         {score}              logits                    logits (B, 1)
+    embed-m3      encode_m3      {dense, sparse,      BGE-M3's outputs          —
+                                  colbert}
 
 Each record lives beside its function (embed.py, classify.py, ...). The head a use loads, what a
 checkpoint needs for it and the routes it adds are the head table's (`encoder.tasks.USES`); the
@@ -21,11 +23,13 @@ from bertkit.inference.classify import USE as CLASSIFY
 from bertkit.inference.common import Use
 from bertkit.inference.embed import USE as EMBED
 from bertkit.inference.fill_mask import USE as FILL_MASK
+from bertkit.inference.m3 import USE as EMBED_M3
 from bertkit.inference.ner import USE as NER
 from bertkit.inference.qa import USE as QA
 from bertkit.inference.sparse import USE as EMBED_SPARSE
 
-USES: dict[str, Use] = {use.name: use for use in (EMBED, EMBED_SPARSE, FILL_MASK, CLASSIFY, NER, QA, RERANK_USE)}
+USES: dict[str, Use] = {use.name: use for use in (EMBED, EMBED_SPARSE, FILL_MASK, CLASSIFY, NER, QA, RERANK_USE,
+                                                        EMBED_M3)}
 
 
 def use_row(name: str) -> Use:

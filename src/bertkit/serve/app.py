@@ -75,8 +75,12 @@ ROUTES: list[RouteSpec] = [
     RouteSpec(routes.route_embed_all, _op("/embed_all", "post", "embed_all", "Every token's vector, "
                                           "not pooled (TEI)", schemas.EmbedAllRequest, schemas.EmbedAllResponse)),
     RouteSpec(routes.route_embed_sparse, _op("/embed_sparse", "post", "embed_sparse", "SPLADE sparse "
-                                             "embeddings from a masked-LM head (TEI)", schemas.EmbedSparseRequest,
-                                             schemas.EmbedSparseResponse)),
+                                             "embeddings from a masked-LM head, or BGE-M3's lexical weights (TEI)",
+                                             schemas.EmbedSparseRequest, schemas.EmbedSparseResponse)),
+    RouteSpec(routes.route_embed_multi, _op("/embed_multi", "post", "embed_multi", "Multi-vector embeddings: "
+                                            "a unit vector per token from a multi-vector head (BGE-M3's "
+                                            "ColBERT vectors)", schemas.EmbedMultiRequest,
+                                            schemas.EmbedMultiResponse)),
     RouteSpec(routes.route_similarity, _op("/similarity", "post", "similarity", "Cosine similarity of "
                                            "sentences to a source sentence (TEI)", schemas.SimilarityRequest,
                                            schemas.SimilarityResponse)),

@@ -16,6 +16,7 @@ from typing import Any
 
 from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder import tasks
+from bertkit.encoder.m3 import M3_ROUTES
 from bertkit.encoder.sentence_transformers import SpladePooling, sentence_transformers_settings
 from bertkit.inference import Engine
 from bertkit.util.fileio import model_directory
@@ -72,7 +73,9 @@ class ServedModel:
                                  "label2id": {v: k for k, v in labels.items()}}}
         else:
             embedding: dict[str, Any] = {"pooling": self.engine.pooling.mode if self.engine.pooling else "mean"}
-            if "embed_sparse" in self.uses:  # TEI says "splade" for a SPLADE model; the settings are ours
+            if self.engine.m3 is not None:  # BGE-M3: lexical weights and ColBERT vectors of its own heads
+                embedding["m3"] = {"colbert_dim": self.engine.m3.colbert_dim}
+            elif "embed_sparse" in self.uses:  # TEI says "splade" for a SPLADE model; the settings are ours
                 if self.splade.declared:
                     embedding["pooling"] = "splade"
                 embedding["splade"] = {"pooling_strategy": self.splade.pooling_strategy,
@@ -95,6 +98,8 @@ def load_model(name: str, model_dir: str | os.PathLike, **engine_options: Any) -
     routes = [*tasks.COMMON_ROUTES, *tasks.USES[use].routes]
     if use == "classify" and tasks.is_cross_encoder(engine.config):
         routes += tasks.USES["rerank"].routes
+    if engine.m3 is not None:  # BGE-M3's heads: lexical weights and ColBERT vectors beside the encoder
+        routes += [r for r in M3_ROUTES if r not in routes]
     settings = sentence_transformers_settings(path)  # prompts, default_prompt_name, truncate_dim
     return ServedModel(name, engine, BertTokenizer.from_pretrained(path), tuple(routes), **settings)
 

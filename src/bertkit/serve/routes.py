@@ -4,7 +4,7 @@ text-embeddings-inference's routes and JSON (`router/src/http/server.rs`): POST 
 by the body and the model's head, as TEI's), /embed,
 /embed_all, /embed_sparse, /similarity, /rerank, /predict, /tokenize, /decode; GET /health, /info, /metrics;
 GET /ready (a replica's readiness, apart from /health's liveness);
-and the uses TEI lacks: POST /fill-mask, /ner, /qa. OpenAI's routes are in openai.py. Request
+and the uses TEI lacks: POST /fill-mask, /ner, /qa, /embed_multi. OpenAI's routes are in openai.py. Request
 and answer shapes are declared in schemas.py; app.py lists every route once.
 """
 
@@ -112,7 +112,7 @@ async def route_embed_all(service: Service, request: Request) -> Response:
 
 async def prompted_rows(service: Service, request: Request, req: schemas.EmbedAllRequest, model: ServedModel,
                         use: str) -> list[Any]:
-    """The runner `use`'s result per input of /embed_all or /embed_sparse, the model's prompt
+    """The runner `use`'s result per input of /embed_all, /embed_sparse or /embed_multi, the model's prompt
     put before each."""
     texts, _ = schemas.texts_of(req.inputs)
     service.limits.check_batch("inputs", len(texts))
@@ -122,12 +122,23 @@ async def prompted_rows(service: Service, request: Request, req: schemas.EmbedAl
 
 async def route_embed_sparse(service: Service, request: Request) -> Response:
     """TEI's /embed_sparse: per input [{"index", "value"}], its SPLADE term weights (a model
-    with a masked-LM head; any other is refused, 424, as TEI refuses a model without SPLADE
-    pooling and as every head route here does)."""
+    with a masked-LM head) or BGE-M3's lexical weights (a model with M3's heads); any other is
+    refused, 424, as TEI refuses a model without SPLADE pooling and as every head route here does."""
     req = await body(service, request, schemas.EmbedSparseRequest, "/embed_sparse")
-    rows = await prompted_rows(service, request, req, service.model(req.model, "embed_sparse"), "embed-sparse")
+    model = service.model(req.model, "embed_sparse")
+    runner = "m3-sparse" if model.engine.m3 is not None else "embed-sparse"
+    rows = await prompted_rows(service, request, req, model, runner)
     return JSONResponse([[{"index": i, "value": v} for i, v in zip(ix.tolist(), values.tolist())]
                          for ix, values in rows])
+
+
+async def route_embed_multi(service: Service, request: Request) -> Response:
+    """Multi-vector (late-interaction) embeddings: per input one unit vector per token, as the
+    model's multi-vector head gives them (BGE-M3's ColBERT vectors: every token after [CLS]); a
+    model without one is refused, 424."""
+    req = await body(service, request, schemas.EmbedMultiRequest, "/embed_multi")
+    rows = await prompted_rows(service, request, req, service.model(req.model, "embed_multi"), "multi-vector")
+    return JSONResponse([array(row) for row in rows])
 
 
 async def route_similarity(service: Service, request: Request) -> Response:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from bertkit.inference.embed import run_token_vectors
+from bertkit.inference.m3 import run_m3
 from bertkit.inference.uses import USES
 from bertkit.serve.models import ServedModel
 
@@ -25,11 +26,20 @@ def on_engine(run: Callable[..., list[Any]]) -> Runner:
     return lambda model, key, items: run(model.engine, key, items)
 
 
+def m3_output(name: str) -> Runner:
+    """One of BGE-M3's outputs alone, per input (`inference.m3`)."""
+    return lambda model, key, items: [row[name] for row in run_m3(model.engine, (name,), items)]
+
+
 # A job names its runner: a use, or one that several routes share — a classifier's logits
-# (/predict and /rerank, `classify`'s runner) and every token's vector (/embed_all).
+# (/predict and /rerank, `classify`'s runner) and every token's vector (/embed_all) — or one
+# output of a use (BGE-M3's).
 RUNNERS: dict[str, Runner] = {name: on_engine(use.runner) for name, use in USES.items()}
 RUNNERS["logits"] = RUNNERS["classify"]
 RUNNERS["token-vectors"] = on_engine(run_token_vectors)
+# BGE-M3's lexical weights (/embed_sparse) and ColBERT vectors (/embed_multi), each alone.
+RUNNERS["m3-sparse"] = m3_output("sparse")
+RUNNERS["multi-vector"] = m3_output("colbert")
 # SPLADE's settings as the served model read them once (its /info shows the same).
 RUNNERS["embed-sparse"] = lambda model, key, items: USES["embed-sparse"].runner(model.engine, key or (model.splade,),
                                                                                items)

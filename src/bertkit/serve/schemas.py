@@ -198,7 +198,11 @@ class FillMaskRequest(Request):
 
 
 class EmbedSparseRequest(EmbedAllRequest):
-    """TEI's /embed_sparse: SPLADE term weights from a masked-LM head."""
+    """TEI's /embed_sparse: SPLADE term weights from a masked-LM head, or BGE-M3's lexical weights."""
+
+
+class EmbedMultiRequest(EmbedAllRequest):
+    """/embed_multi: a multi-vector head's token vectors (BGE-M3's ColBERT vectors)."""
 
 
 class NerRequest(Request):
@@ -275,6 +279,11 @@ class EmbedResponse(RootModel[list[list[float]]]):
 
 class EmbedAllResponse(RootModel[list[list[list[float]]]]):
     """Per input, one vector per token (specials included), not pooled nor normalised."""
+
+
+class EmbedMultiResponse(RootModel[list[list[list[float]]]]):
+    """Per input, one unit vector per token of the model's multi-vector head (BGE-M3: every
+    token after [CLS])."""
 
 
 class SparseValue(BaseModel):
