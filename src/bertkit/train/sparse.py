@@ -45,6 +45,7 @@ from torch import nn
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health
 from bertkit.train import state as train_state
+from bertkit.train.card import finetune_card
 from bertkit.train.optim import default_lr
 from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, evaluation_set, optimizer_step, read_pairs
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
@@ -276,6 +277,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)
     atomic_write_json(out / "eval.json", summary)
+    finetune_card(out)
     return summary
 
 

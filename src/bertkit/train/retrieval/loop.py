@@ -17,6 +17,7 @@ import torch
 
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health, lora
+from bertkit.train.card import finetune_card
 from bertkit.train.retrieval import biencoder, crossencoder
 from bertkit.train.retrieval.common import (
     BUILTIN_PREFIX,
@@ -110,6 +111,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
         log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)
     atomic_write_json(out / "eval.json", summary)
+    finetune_card(out)
     return summary
 
 
