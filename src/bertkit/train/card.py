@@ -50,6 +50,11 @@ NOT_HYPERPARAMETERS = {"out_dir", "out", "progress", "overwrite", "resume", "sav
                        "device", "log_every", "num_workers", "eval_batches", "compile", "time_limit",
                        "max_bad_steps", "eval_every", "model", "train", "eval", "test", "tokenizer", "data",
                        "teacher", "unlabeled", "init", "task", "mine_model"}
+# FinetuneConfig's settings that only one family of its tasks reads: left out of the others' tables.
+TASK_SETTINGS = {("classify", "pair"): {"text_column", "pair_column", "label_column", "problem_type", "eval_windows"},
+                 ("ner",): {"tokens_key", "tags_key", "ner_invalid"},
+                 ("qa",): {"max_query_length", "max_answer_length", "n_best", "null_score_diff_threshold",
+                           "version_2_with_negative"}}
 
 
 @dataclass
@@ -83,7 +88,9 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _hyperparameters(config: dict[str, Any], **resolved: Any) -> dict[str, Any]:
-    settings = {k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS and v is not None and v != {}}
+    others = {key for tasks, keys in TASK_SETTINGS.items() if config.get("task") not in tasks for key in keys}
+    settings = {k: v for k, v in config.items()
+                if k not in NOT_HYPERPARAMETERS and k not in others and v is not None and v != {}}
     if not config.get("lora"):
         settings.pop("lora_save", None)  # how LoRA would have been saved, in a run without it
     settings.update({k: v for k, v in resolved.items() if v is not None})
