@@ -152,8 +152,8 @@ def model_directory(spec: str | os.PathLike, what: str = "model") -> Path:
         raise NotADirectoryError(f"{what} {spec} is a file, not a model directory{hint}")
     if not (path / "config.json").is_file():
         if (path / "adapter_config.json").is_file():  # an adapter where this command needs a whole model
-            raise FileNotFoundError(f"{what} {spec} is a LoRA adapter directory, not a whole model; run it "
-                                    "over its base (--adapter), or save it merged (finetune --lora-save merged)")
+            raise FileNotFoundError(f"{what} {spec} is a LoRA adapter directory, not a whole model; this needs "
+                                    "a model directory: save the adapter merged (finetune --lora-save merged)")
         raise FileNotFoundError(f"{what} {spec} is not a model directory (it has no config.json); pass "
                                 "a directory saved by bertkit or by transformers' save_pretrained")
     return path
