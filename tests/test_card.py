@@ -184,3 +184,34 @@ def test_pretrain_and_distill_cards(tmp_path, runs):
     assert meta["base_model"] == str(full) and meta["pipeline_tag"] == "text-classification"
     assert "distilled from the teacher" in text and f"(teacher layers {summary['layers']})" in text
     assert "temperature 2.0" in text
+
+
+def test_rerank_run_card_has_a_working_cross_encoder_snippet(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    from bertkit.train import retrieval as rt
+
+    from retrieval_fixtures import sentences, tiny_encoder
+
+    base = tiny_encoder(tmp_path / "base")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": " ".join(t.split()[:2]), "positive": t}) + "\n"
+                             for t in sentences(16, seed=5)), encoding="utf-8")
+    out = tmp_path / "rerank"
+    rt.finetune_retrieval(task="rerank", model=str(base), train=str(pairs), out_dir=str(out), epochs=1,
+                          batch_size=8, lr=1e-3, progress=False, max_length=24, negatives=1)
+    text = (out / "README.md").read_text(encoding="utf-8")
+    meta = front_matter(text)
+    assert meta["library_name"] == "sentence-transformers" and meta["pipeline_tag"] == "text-ranking"
+    assert "listwise over a positive and 1 negatives (mined by bm25)" in text
+    ranked = {}
+    for code in snippets(text):
+        scope: dict = {}
+        exec(code, scope)
+        model = scope["model"]
+        if "CrossEncoder" in code:
+            ranked["st"] = model.rank("a query", ["a document", "another"])
+        elif "bertkit" in code:
+            ranked["bertkit"] = model.rerank("a query", ["a document", "another"])
+    assert set(ranked) == {"st", "bertkit"}
+    assert [r["corpus_id"] for r in ranked["st"]] == [r["index"] for r in ranked["bertkit"]]
+    assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(ranked["st"], ranked["bertkit"]))
