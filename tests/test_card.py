@@ -123,6 +123,12 @@ def test_a_readme_bertkit_did_not_write_stays(runs, tmp_path):
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == card.render(own)
     # the same files give the same card
     assert card.render(card.finetune_facts(full)) == (full / "README.md").read_text(encoding="utf-8")
+    # a run started afresh drops the earlier run's card, never anyone else's README.md
+    card.drop_stale(tmp_path)
+    assert not (tmp_path / "README.md").exists()
+    (tmp_path / "README.md").write_text("# My notes\n", encoding="utf-8")
+    card.drop_stale(tmp_path)
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == "# My notes\n"
 
 
 def test_embedding_run_card_has_a_working_sentence_transformers_snippet(tmp_path):

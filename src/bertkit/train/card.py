@@ -248,6 +248,14 @@ def write_card(facts: Facts) -> Path | None:
     return path
 
 
+def drop_stale(model_dir: str | Path) -> None:
+    """Remove a card bertkit wrote for an earlier run of this directory (a run started afresh over
+    it); a README.md of anyone else's stays."""
+    path = Path(model_dir) / CARD
+    if path.is_file() and MARK in path.read_text(encoding="utf-8", errors="replace"):
+        path.unlink()
+
+
 def render(facts: Facts) -> str:
     """The card's text: front matter, then the sections."""
     lines = ["---", *_front_matter(facts), "---", MARK, "", f"# {facts.model_dir.name}", "",
@@ -356,5 +364,5 @@ def _yaml(text: str) -> str:
     return text if plain else json.dumps(text, ensure_ascii=False)
 
 
-__all__ = ["CARD", "MARK", "Facts", "finetune_card", "pretrain_card", "distill_card", "finetune_facts",
+__all__ = ["CARD", "MARK", "Facts", "drop_stale", "finetune_card", "pretrain_card", "distill_card", "finetune_facts",
            "pretrain_facts", "distill_facts", "write_card", "render"]

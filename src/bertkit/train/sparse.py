@@ -45,7 +45,7 @@ from torch import nn
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health
 from bertkit.train import state as train_state
-from bertkit.train.card import finetune_card
+from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.optim import default_lr
 from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, evaluation_set, optimizer_step, read_pairs
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
@@ -233,6 +233,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         step, steps = int(saved["step"]), list(saved["steps"])
         log.info("resuming from %s (step %d of %d)", resume_from, step, total)
     else:
+        drop_stale(out)  # an earlier run's card would describe that run until this one ends
         atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
     model.train()
     for epoch in range(1, config.epochs + 1):

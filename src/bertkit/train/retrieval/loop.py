@@ -17,7 +17,7 @@ import torch
 
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health, lora
-from bertkit.train.card import finetune_card
+from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.retrieval import biencoder, crossencoder
 from bertkit.train.retrieval.common import (
     BUILTIN_PREFIX,
@@ -68,6 +68,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
     schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
     out.mkdir(parents=True, exist_ok=True)
+    drop_stale(out)  # an earlier run's card would describe that run until this one ends
     atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
     from tqdm.auto import tqdm
 
