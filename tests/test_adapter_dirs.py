@@ -110,6 +110,20 @@ def test_resolver(tmp_path, base_dir, topics):
         BertModel.from_pretrained(adapter)
 
 
+def test_info_shows_the_base_and_the_adapter(tmp_path, base_dir, topics, capsys):
+    from safetensors.torch import load_file
+
+    adapter, _, _ = topics
+    saved = sum(t.numel() for t in load_file(str(adapter / "adapter_model.safetensors")).values())
+    assert cli.main(["info", str(adapter)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{base_dir}: BertModel") and f"LoRA adapter {adapter} over {base_dir}: classify" in out
+    # 2 layers × (query, value, and the three "dense" Linears) + the pooler; the tensors of PEFT's own file
+    assert f"r=4, lora_alpha=8, 11 adapted modules, {saved:,} parameters" in out
+    assert cli.main(["info", str(elsewhere_copy(adapter, tmp_path)), "--base", str(base_dir)]) == 0
+    assert f"{saved:,} parameters" in capsys.readouterr().out
+
+
 def test_every_entry_point_equals_peft_merged(tmp_path, base_dir, tokenizer, topics, capsys):
     import bertkit
 
