@@ -29,12 +29,15 @@ from pretrain_fixtures import TINY_MODEL, make_data
 
 CASES = ("unwritable_output", "output_under_file", "existing_output", "non_utf8_input",
          "binary_input", "missing_input", "dir_for_file", "dir_for_input", "file_for_model",
-         "out_suffix", "wrong_model_kind", "truncated_weights")
+         "out_suffix", "wrong_model_kind", "truncated_weights", "adapter_without_base")
 # What the error line must say, beyond naming the bad value, where a vaguer message once misled:
 # a file given as the model ("utf-8 codec can't decode", "no '[CLS]' token"), a directory given as
 # the input ("does not exist", "suffix ''"), a .csv output silently filled with JSON Lines.
 SAYS = {"file_for_model": "is a file, not a model directory", "dir_for_input": "is a directory",
-        "out_suffix": ".jsonl"}
+        "out_suffix": ".jsonl", "adapter_without_base": "pass --base DIR"}
+# What an adapter's adapter_config.json names as its base in the adapter_without_base case: a
+# path of another machine, as an adapter copied from elsewhere has.
+ELSEWHERE = "/elsewhere/models/base-model"
 
 
 @dataclass
@@ -194,6 +197,8 @@ def not_applicable(command: str, spec: Spec) -> dict[str, str]:
         skip["file_for_model"] = "takes no model directory"
     if spec.out != "file" or spec.input_suffix is None:
         skip["out_suffix"] = "writes no results file"
+    if not has_option(command, "--base"):
+        skip["adapter_without_base"] = "takes no LoRA adapter directory as its model"
     skip.update({case: why for (name, case), why in SPECIAL_CASES.items() if name == command})
     return skip
 
@@ -260,6 +265,13 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     qa_rows.write_text(json.dumps({"question": "what does the cat see?",
                                    "context": "the cat sees the red ball."}) + "\n", encoding="utf-8")
     from bertkit.encoder.m3 import M3Heads, write_m3_heads
+
+    # A LoRA adapter over PT whose adapter_config.json names a base that is not on this machine.
+    from bertkit.train import lora
+
+    adapted = BertForSequenceClassification.from_pretrained(pt, num_labels=2)
+    lora.apply_lora(adapted, lora.LoraSpec(r=2, alpha=4.0, dropout=0.0, targets=("query", "value")))
+    lora.save_adapters(adapted, root / "adapter", base_model=ELSEWHERE)
     from bertkit.retrieval import build_index
 
     shutil.copytree(pt, root / "m3")  # BGE-M3's layout: an encoder and its two head files
@@ -269,6 +281,7 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     return {"PT": pt, "CLF": clf, "DATA": data, "TRAIN": train, "TEXTS": texts, "CORPUS": corpus,
             "INDEX": root / "index", "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only,
             "MASK_TEXTS": mask_texts, "QA_ROWS": qa_rows, "STS": sts, "M3": root / "m3",
+            "ADAPTER": root / "adapter",
             **{name: root / name.lower() for name in heads}}
 
 
@@ -365,6 +378,8 @@ def build_argv(spec: Spec, case: str, assets: dict[str, Path], tmp: Path) -> tup
     elif case == "truncated_weights":
         values["MODEL"] = str(truncated_copy(Path(values["MODEL"]), tmp))
         named = "model.safetensors"
+    elif case == "adapter_without_base":
+        values["MODEL"], named = values["ADAPTER"], ELSEWHERE
     model_cases = ("wrong_model_kind", "truncated_weights", "file_for_model")
     template = spec.argv + (spec.model_args if case in model_cases else [])
     argv = [arg.format(**values) if "{" in arg else arg for arg in template]

@@ -47,13 +47,17 @@ from bertkit.util.fileio import model_directory
 DEFAULT_CHUNK = 1024
 
 
-def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None, precision: str = "fp32",
-         device: str = "auto", max_length: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
+         base: str | os.PathLike | None = None, precision: str = "fp32", device: str = "auto",
+         max_length: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
          threads: int | None = None, truncate: bool = True) -> "Model":
     """Load a model directory (bertkit's or any Hugging Face BERT-family checkpoint) for use.
 
-    adapter: a LoRA adapter directory (PEFT's files) to run over `path`, its base: the Model then
-      has the adapter's use, head and labels (`load_adapters` loads several over one base).
+    path: a model directory, or a LoRA adapter directory (PEFT's files), run over its base: the
+      directory adapter_config.json's base_model_name_or_path names, or `base` where that is not
+      a local directory. The Model then has the adapter's use, head and labels.
+    adapter: a LoRA adapter directory to run over `path`, its base (`load_adapters` loads several
+      over one base).
 
     precision: fp32 (default: equal to sentence-transformers and transformers), bf16, int8 (CPU;
       cosine ≈ 0.99 to fp32) or auto (the faster of fp32 and bf16, measured on this machine).
@@ -62,7 +66,9 @@ def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None, p
       max_seq_length, a reranker's trained pair length). truncate=False makes longer inputs an error.
     max_batch_tokens: the engine's token budget per batch. threads: torch's intra-op threads.
     """
-    directory = model_directory(path)
+    from bertkit.adapters import resolve
+
+    directory, adapter = resolve(path, adapter, base)
     if adapter is not None:
         return load_adapters(directory, {"adapter": adapter}, precision=precision, device=device,
                              max_length=max_length, max_batch_tokens=max_batch_tokens, threads=threads,

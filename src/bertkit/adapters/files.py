@@ -16,6 +16,10 @@ An adapter with a side file is refused on another base, naming both; one without
 `peft`) is checked by shape: every adapted module must exist in the base with the sizes of its
 lora_A (r, in) and lora_B (out, r), and the rank must be the config's.
 
+Where a model is asked for, an adapter directory is one too (`resolve`): its base is the local
+directory adapter_config.json's `base_model_name_or_path` names, or `--base DIR` where that is a
+hub id or a path of another machine; `--model BASE --adapter DIR` says both.
+
 What bertkit does not read (refused with the field named): DoRA, rank_pattern / alpha_pattern,
 layers_to_transform, trained biases (`bias` other than "none"), LoRA on embeddings.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +44,7 @@ from bertkit.encoder import tasks
 from bertkit.encoder.checkpoint import from_hf_state_dict, name_map, to_hf_state_dict
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.model import BertModel
-from bertkit.util.fileio import atomic_write_json
+from bertkit.util.fileio import atomic_write_json, model_directory
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -287,5 +292,58 @@ def read_adapter(directory: str | Path, config: BertConfig, *, base_fp: str | No
                         pooling=side.get("pooling"), base=side.get("base"), targets=sorted(pieces))
 
 
+# ---------------------------------------------------------------------------------------------
+# an adapter directory where a model is asked for
+# ---------------------------------------------------------------------------------------------
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a LoRA adapter directory (adapter_config.json) rather than a model (a
+    directory with config.json is a model, whatever else it holds)."""
+    path = Path(path)
+    return path.is_dir() and (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
+
+
+def base_of(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
+    """The model directory an adapter runs over: `base` when given (`--base`), else the local
+    directory adapter_config.json's `base_model_name_or_path` names. A name that is not a local
+    model directory (a hub id, a path of another machine) is an AdapterError naming it and `--base`:
+    nothing is downloaded."""
+    if base is not None:
+        return model_directory(base, "--base")
+    config, _ = read_config(adapter_dir)
+    named = config.get("base_model_name_or_path")
+    if isinstance(named, str) and named and (Path(named) / "config.json").is_file():
+        return Path(named)
+    raise AdapterError(f"adapter {adapter_dir}: its base, adapter_config.json's base_model_name_or_path "
+                       f"{named!r}, is not a model directory here; pass --base DIR, the base model it was "
+                       "trained on")
+
+
+def resolve(model: str | os.PathLike, adapter: str | os.PathLike | None = None,
+            base: str | os.PathLike | None = None) -> tuple[Path, Path | None]:
+    """(base model directory, adapter directory or None) of what a user named as the model.
+
+    model: a model directory, or an adapter directory (its base from `base_of`).
+    adapter: an adapter directory run over `model`, its base (`--model BASE --adapter DIR`).
+    base: the base of an adapter given as `model`, when adapter_config.json's is not here.
+    Every entry point (the use commands, predict, eval, serve, `bertkit.load`) resolves here.
+    """
+    if adapter is not None:
+        if is_adapter_dir(model):
+            raise AdapterError(f"{model} is a LoRA adapter directory, so it cannot be the base of --adapter "
+                               f"{adapter}; pass the base model directory, or the adapter alone")
+        if base is not None:
+            raise AdapterError("--base names the base of an adapter given as the model; with --adapter, "
+                               "the model is the base: leave out --base")
+        read_config(adapter)  # an adapter directory, or an error saying what it is instead
+        return model_directory(model), Path(adapter)
+    if is_adapter_dir(model):
+        return base_of(model, base), Path(model)
+    if base is not None:
+        raise AdapterError(f"--base goes with a LoRA adapter directory as the model; {model} has no "
+                           f"{ADAPTER_CONFIG}: leave out --base")
+    return model_directory(model), None
+
+
 __all__ = ["AdapterError", "AdapterFiles", "LowRank", "read_adapter", "read_config", "write_side_file",
-           "fingerprint", "base_record", "module_table", "SIDE_FILE", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS"]
+           "fingerprint", "base_record", "module_table", "SIDE_FILE", "ADAPTER_CONFIG", "ADAPTER_WEIGHTS",
+           "is_adapter_dir", "base_of", "resolve"]

@@ -35,9 +35,10 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from bertkit.adapters.files import MODULES, AdapterError, AdapterFiles, fingerprint, read_adapter
+from bertkit.adapters.files import MODULES, AdapterError, AdapterFiles, fingerprint, read_adapter, resolve
 from bertkit.adapters.routed import RoutedLinear, Routing
 from bertkit.constants import label_name
+from bertkit.encoder import tasks
 from bertkit.encoder.heads import use_class
 from bertkit.encoder.model import BertModel, EncoderLayer, encoder_of
 from bertkit.inference.embed import pool
@@ -258,4 +259,15 @@ def load_engine(base: str | os.PathLike, adapter: str | os.PathLike, *, name: st
     return host.add(name, adapter, max_length=max_length).engine
 
 
-__all__ = ["AdapterHost", "Adapter", "mixed_logits", "mixed_embeddings", "load_engine"]
+def open_engine(model: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
+                base: str | os.PathLike | None = None, use: str | None = None, **options: Any) -> Engine:
+    """The engine of what a user named as the model (`files.resolve`): a model directory loaded for
+    `use` (default: its head's, `tasks.use_of`), or an adapter over its base (`load_engine`; its
+    use is the adapter's own, and the caller checks it fits). options: `Engine.load`'s."""
+    base_dir, adapter_dir = resolve(model, adapter, base)
+    if adapter_dir is None:
+        return Engine.load(base_dir, use=use or tasks.use_of(base_dir), **options)
+    return load_engine(base_dir, adapter_dir, **options)
+
+
+__all__ = ["AdapterHost", "Adapter", "mixed_logits", "mixed_embeddings", "load_engine", "open_engine"]

@@ -16,7 +16,12 @@ def add(sub: argparse._SubParsersAction) -> None:
                        "(a cross-encoder over a first stage's candidates), STS (Spearman of the cosine), "
                        "pair classification (cosine thresholds, MTEB's) and text classification (MTEB's "
                        "logistic regression on the embeddings), or a built-in set.")
-    p.add_argument("model", help="model dir: an embedding model, or a cross-encoder to rerank")
+    p.add_argument("model", help="model dir: an embedding model, or a cross-encoder to rerank; or a LoRA "
+                   "adapter dir of either (its base from adapter_config.json), or the base of --adapter")
+    p.add_argument("--adapter", metavar="DIR", default=None, help="a LoRA adapter dir run over MODEL, its base")
+    p.add_argument("--base", metavar="DIR", default=None,
+                   help="the base model of an adapter given as MODEL, when its adapter_config.json's "
+                   "base_model_name_or_path is not a directory here")
     g = p.add_argument_group("the evaluation set (one)").add_mutually_exclusive_group(required=True)
     g.add_argument("--beir", metavar="DIR", help="BEIR directory: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
     g.add_argument("--sts", metavar="FILE", help="CSV / TSV / JSONL of sentence1, sentence2, score")
@@ -66,6 +71,7 @@ def _run_eval(args: argparse.Namespace) -> None:
                       candidates=args.candidates, first_stage=args.first_stage, top_k=args.top_k,
                       prompts=_prompts(args.prompt), task_name=args.task_name,
                       samples_per_label=args.samples_per_label, experiments=args.experiments, seed=args.seed,
+                      adapter=args.adapter, base=args.base,
                       precision=args.precision, device=args.device, max_length=args.max_length,
                       max_batch_tokens=args.max_batch_tokens)
     if args.json:

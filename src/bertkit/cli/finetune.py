@@ -192,7 +192,12 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                        "question and context. Bad rows are named and skipped; --resume continues a "
                        "killed run.",
                        argument_default=argparse.SUPPRESS)
-    p.add_argument("--model", required=True, dest="model_dir", help="fine-tuned model directory")
+    p.add_argument("--model", required=True, dest="model_dir",
+                   help="fine-tuned model directory, a LoRA adapter dir (`finetune --lora-save adapters`; its "
+                   "base from adapter_config.json), or the base model of --adapter")
+    p.add_argument("--adapter", metavar="DIR", help="a LoRA adapter dir run over --model, its base")
+    p.add_argument("--base", metavar="DIR", help="the base model of an adapter given as --model, when its "
+                   "adapter_config.json's base_model_name_or_path is not a directory here")
     p.add_argument("--input", required=True, dest="input_path")
     p.add_argument("--input-format", dest="fmt", choices=["auto", "txt", "jsonl", "csv", "tsv", "conll", "squad"],
                    help="the input's format (default: by its suffix; .json is SQuAD)")
@@ -217,9 +222,19 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_predict(args: argparse.Namespace) -> None:
+    from bertkit.adapters import is_adapter_dir
     from bertkit.inference.jobs import predict_file
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "adapter", "base")}
+    adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
+    if adapter is not None or base is not None or is_adapter_dir(args.model_dir):
+        from functools import partial
+
+        from bertkit.adapters import open_engine, resolve
+
+        base_dir, adapter_dir = resolve(args.model_dir, adapter, base)
+        settings.update(model_dir=base_dir, adapter_dir=adapter_dir,
+                        open_engine=partial(open_engine, base_dir, adapter=adapter_dir))
     print_file_job(predict_file(**settings))
 
 

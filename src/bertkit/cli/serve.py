@@ -18,7 +18,12 @@ def add(sub: argparse._SubParsersAction) -> None:
                        "adapters share the base in memory and in batches). SIGTERM or Ctrl-C: stop "
                        "taking requests, finish those in flight, exit 0.")
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL_DIR",
-                   help="model dirs, each optionally named (default name: the dir's last part)")
+                   help="model dirs, each optionally named (default name: the dir's last part); a LoRA "
+                   "adapter dir is served over its base (adapter_config.json's, or --base), which is "
+                   "served too")
+    p.add_argument("--base", metavar="DIR", default=None,
+                   help="the base model of the adapter dirs among the models, when their adapter_config.json's "
+                   "base_model_name_or_path is not a directory here")
     p.add_argument("--index", action="append", default=[], metavar="[NAME=]INDEX_DIR",
                    help="an index made by `bertkit index`, searched by POST /search (repeatable; the "
                    "first is the default). Its queries are embedded by the served model with its "
@@ -80,9 +85,9 @@ def _run_serve(args: argparse.Namespace) -> None:
                     auto_truncate=args.auto_truncate)
     options = {"precision": args.precision, "device": args.device, "max_batch_tokens": args.max_batch_tokens,
                **({"max_length": args.max_input_length} if args.max_input_length else {})}
-    named = parse_model_args(args.models)
+    named, given_adapters = models_and_adapters(parse_model_args(args.models), args.base)
     aliases = parse_served_names(args.served_model_name, [name for name, _ in named])
-    adapter_specs = parse_adapter_args(args.adapter)
+    adapter_specs = [*given_adapters, *parse_adapter_args(args.adapter)]
     if args.adapter_root and not args.api_key:
         raise ValueError("--adapter-root lets clients load adapters: it needs --api-key KEY as well")
     taken = [n for n, _, _ in adapter_specs if n in aliases or any(n == m for m, _ in named)]
@@ -118,3 +123,32 @@ def _run_serve(args: argparse.Namespace) -> None:
     print(f"listening on http://{args.host}:{sock.getsockname()[1]} (SIGTERM or Ctrl-C stops, "
           "finishing requests in flight)", flush=True)
     serve(service, sockets=[sock], graceful_timeout=args.graceful_timeout, drain_seconds=args.drain_seconds)
+
+
+def models_and_adapters(named: list[tuple[str, str]], base: str | None
+                         ) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """The models to load and the adapters over them: an adapter dir among MODEL_DIRs is served by
+    its name over its base, which joins the models (by its dir's last part) unless one of them
+    is that directory already."""
+    from pathlib import Path
+
+    from bertkit.adapters import is_adapter_dir, resolve
+
+    models = [(name, directory) for name, directory in named if not is_adapter_dir(directory)]
+    if base is not None and len(models) == len(named):
+        raise ValueError("--base names the base of an adapter dir among the models, and none is one; "
+                         "leave out --base")
+    adapters: list[tuple[str, str, str]] = []
+    for name, directory in named:
+        if not is_adapter_dir(directory):
+            continue
+        base_dir = resolve(directory, None, base)[0].resolve()
+        served = next((n for n, d in models if Path(d).resolve() == base_dir), None)
+        if served is None:
+            served = base_dir.name
+            if any(served == n for n, _ in [*models, *named]):
+                raise ValueError(f"the base {base_dir} of adapter {directory} would be served as {served!r}, "
+                                 f"a name taken already; serve it named: NAME={base_dir}")
+            models.append((served, str(base_dir)))
+        adapters.append((name, directory, served))
+    return models, adapters

@@ -28,11 +28,15 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
                        "results; --input FILE (txt: a text a line; jsonl; csv/tsv with a header) "
                        "--out FILE streams a file of any size (bad rows named and skipped; "
                        "--resume continues a killed run; under torchrun the ranks split the input).")
-    p.add_argument("model", help=model_help + (" — or the base model of --adapter" if adapter else ""))
+    p.add_argument("model", help=model_help + (", a LoRA adapter dir (its base from adapter_config.json), "
+                                               "or the base model of --adapter" if adapter else ""))
     if adapter:
         p.add_argument("--adapter", metavar="DIR", default=None,
                        help="a LoRA adapter dir (PEFT's files: `finetune --lora ... --lora-save adapters`, "
                        "or peft's) run over MODEL, its base, with the adapter's own head and labels")
+        p.add_argument("--base", metavar="DIR", default=None,
+                       help="the base model of an adapter given as MODEL, when its adapter_config.json's "
+                       "base_model_name_or_path is not a directory here")
     if texts:
         p.add_argument("texts", nargs="*", help="texts (or give --input)")
     p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
@@ -48,20 +52,45 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
 
 
 def _engine(args: argparse.Namespace, use: str):
-    from bertkit.inference import Engine
+    """The engine of MODEL for `use`: a model directory, or a LoRA adapter over its base (MODEL an
+    adapter dir, or --adapter DIR over MODEL), whose own use must fit `use`."""
+    from bertkit.adapters import is_adapter_dir, open_engine, resolve
 
     options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
                    truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}))
-    if getattr(args, "adapter", None) is None:
-        return Engine.load(args.model, use=use, **options)
-    from bertkit.adapters import load_engine
-
-    engine = load_engine(args.model, args.adapter, **options)
+    adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
+    if use == "fill-mask" and is_adapter_dir(args.model):
+        raise ValueError(f"{args.model} is a LoRA adapter directory; adapters classify, tag, answer, rerank or "
+                         "embed, and fill-mask needs a model with a masked-LM head")
+    _, adapter_dir = resolve(args.model, adapter, base)
+    engine = open_engine(args.model, adapter=adapter, base=base, use=use, **options)
+    if adapter_dir is None:
+        return engine
     fits = engine.use == use or use == "embed" or {engine.use, use} == {"classify", "rerank"}
     if not fits:
-        raise ValueError(f"--adapter {args.adapter} is a {engine.use} adapter; run it with "
-                         f"`bertkit {engine.use} {args.model} --adapter {args.adapter}`")
+        given = f"{args.model} --adapter {adapter}" if adapter else str(args.model)
+        raise ValueError(f"{adapter_dir} is a {engine.use} adapter; run it with `bertkit {engine.use} {given}`")
     return engine
+
+
+def _whole_model(args: argparse.Namespace, flag: str) -> None:
+    """A ValueError when MODEL is a LoRA adapter (or --adapter is given) for a flag that runs a
+    whole model directory only."""
+    from bertkit.adapters import is_adapter_dir
+
+    if args.adapter is not None or is_adapter_dir(args.model):
+        raise ValueError(f"{flag} runs a whole model directory, not a LoRA adapter; save the adapter merged "
+                         "(finetune --lora-save merged) or leave out " + flag)
+
+
+def _settings_dir(args: argparse.Namespace):
+    """The directory whose sentence-transformers files (prompts) apply: the model's, or an
+    adapter's base's; None when MODEL is neither (the engine's error says why)."""
+    from bertkit.adapters import is_adapter_dir, resolve
+
+    if getattr(args, "adapter", None) is None and not is_adapter_dir(args.model):
+        return args.model if Path(args.model).is_dir() else None
+    return resolve(args.model, args.adapter, args.base)[0]
 
 
 def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
@@ -162,7 +191,8 @@ def _run_embed(args: argparse.Namespace) -> None:
     from bertkit.inference import embed
     from bertkit.inference.embed import resolve_pooling, resolve_prompt
 
-    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
+    settings_dir = _settings_dir(args)
+    settings = sentence_transformers_settings(settings_dir) if settings_dir is not None else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
                    prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
     if args.ray is not None:
@@ -191,6 +221,7 @@ def _embed_on_ray(args: argparse.Namespace, options: dict) -> None:
     from bertkit.util.fileio import model_directory
 
     need_ray()
+    _whole_model(args, "--ray")
     if args.texts or not args.input or not args.out:
         raise ValueError("--ray embeds a file: give --input FILE --out DIR, not texts on the command line")
     if args.passage_tokens or args.passage_overlap:
@@ -221,6 +252,7 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
     if dense_only:
         raise ValueError(f"{dense_only[0]} is for dense embeddings; --sparse weighs vocabulary terms "
                          "(--top-k keeps the largest)")
+    _whole_model(args, "--sparse")
     _inputs(args)
     if args.input:
         from bertkit.inference.jobs import output_kind

@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from bertkit.adapters import is_adapter_dir, open_engine, resolve
 from bertkit.evaluation import data as sets
 from bertkit.evaluation.classification import EXPERIMENTS, MTEB_SEED, SAMPLES_PER_LABEL, classification_scores
 from bertkit.evaluation.encoder import TextEncoder, cosine_pairs
@@ -35,6 +36,7 @@ def evaluate(model: str | os.PathLike | Engine, *, beir: str | os.PathLike | Non
              split: str = "test", candidates: str | os.PathLike | None = None, first_stage: str | None = None,
              top_k: int = FIRST_STAGE_DEPTH, prompts: Mapping[str, str] | None = None, task_name: str | None = None,
              samples_per_label: int = SAMPLES_PER_LABEL, experiments: int = EXPERIMENTS, seed: int = MTEB_SEED,
+             adapter: str | os.PathLike | None = None, base: str | os.PathLike | None = None,
              **engine_options: Any) -> dict[str, Any]:
     """Score `model` on one evaluation set; give exactly one of:
 
@@ -55,8 +57,13 @@ def evaluate(model: str | os.PathLike | Engine, *, beir: str | os.PathLike | Non
     match (default: the directory's or file's name, the built-in set's). engine_options go to
     `Engine.load` (precision, device, max_length, max_batch_tokens, ...).
 
+    model may be a LoRA adapter directory (run over its base: adapter_config.json's, or `base`),
+    or the base of `adapter` (`bertkit.adapters.resolve`); an embedding adapter is scored as an
+    embedding model, a rerank adapter as a cross-encoder.
+
     Returns {"task", "task_type", "data", "split", "model", "precision", "scores", "main_score",
     counts, "prompts" used, "seconds"}; reranking adds the first stage's own "first_stage" scores.
+    An adapter adds "adapter", its directory.
     """
     given = {kind: value for kind, value in zip(KINDS, (beir, sts, pairs, classification, builtin))
              if value is not None}
@@ -65,6 +72,10 @@ def evaluate(model: str | os.PathLike | Engine, *, beir: str | os.PathLike | Non
                          f"{', '.join(given) if given else 'none'}")
     if top_k < 1:
         raise ValueError(f"top_k must be positive, got {top_k}")
+    adapter_dir = None
+    if not isinstance(model, Engine) and (adapter is not None or base is not None or is_adapter_dir(model)):
+        _, adapter_dir = resolve(model, adapter, base)
+        model = open_engine(model, adapter=adapter, base=base, **engine_options)
     [(kind, source)] = given.items()
     if kind == "builtin":
         kind = "beir" if sets.builtin_kind(source) == "retrieval" else "classification"
@@ -93,7 +104,8 @@ def evaluate(model: str | os.PathLike | Engine, *, beir: str | os.PathLike | Non
     else:
         data_name = " ".join(map(str, source)) if kind == "classification" else str(source)
     return {"data": data_name, "split": split if kind == "beir" or builtin else None,
-            **out, "main_score": MAIN_SCORES[out["task_type"]], "seconds": round(time.perf_counter() - start, 2)}
+            **out, **({"adapter": str(adapter_dir)} if adapter_dir is not None else {}),
+            "main_score": MAIN_SCORES[out["task_type"]], "seconds": round(time.perf_counter() - start, 2)}
 
 
 def is_cross_encoder(model: str | os.PathLike | Engine) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.encoder import tasks
@@ -26,6 +26,9 @@ from bertkit.inference.engine import Engine
 from bertkit.inference.files import FORMAT_SUFFIXES, FORMATS, RunFileConfig, run_file_job
 from bertkit.inference.uses import USES, use_row
 from bertkit.util.fileio import check_writable_output, model_directory
+
+# An adapter's engine use → the predict task that reads its files (a cross-encoder is a classifier).
+ADAPTER_TASKS = {"classify": "classify", "rerank": "classify", "ner": "ner", "qa": "qa"}
 
 
 def output_kind(use: str, out_path: str | os.PathLike) -> str:
@@ -81,8 +84,14 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
                  tokens_key: str | None = None, null_score_diff_threshold: float | None = None,
                  batch_size: int | None = None, device: str = "auto",
                  precision: str = "fp32", overwrite: bool = False, resume: bool = False,
-                 progress: bool = True, fmt: str = "auto") -> dict[str, Any]:
+                 progress: bool = True, fmt: str = "auto", adapter_dir: str | os.PathLike | None = None,
+                 open_engine: Callable[..., Engine] | None = None) -> dict[str, Any]:
     """Run a fine-tuned directory over `input_path` into `out_path` (JSON Lines), by its head.
+
+    adapter_dir, open_engine: a LoRA adapter run over `model_dir`, its base (`predict --model
+      ADAPTER_DIR`, or `--adapter DIR`): the settings are the adapter's finetune_config.json's, the
+      task its own use's (classify, ner or qa) unless one is given, and `open_engine(**options)`
+      opens it (`bertkit.adapters.open_engine`, a room above this one).
 
     task: classify, pair, ner or qa; default: the task finetune_config.json records, else the one
       config.json's `architectures` names. Each setting left None comes from finetune_config.json
@@ -106,17 +115,8 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
     """
     out = check_writable_output(out_path, overwrite=None if resume else overwrite, kind="file")
     directory = model_directory(model_dir, "--model")
-    saved = _finetune_settings(directory)
+    saved = _finetune_settings(Path(adapter_dir) if adapter_dir is not None else directory)
     config = BertConfig.from_json(directory)
-    task = task or saved.get("task") or tasks.finetune_task_of(config)
-    if task is None:
-        raise ValueError(f"{directory} has no {FINETUNE_CONFIG} and its config.json names no "
-                         f"task head; pass --task ({', '.join(tasks.PREDICT_TASKS)})")
-    if task not in tasks.PREDICT_TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(tasks.PREDICT_TASKS)}")
-    tasks.check_head(directory, config, task)
-    use = tasks.FINETUNE_TASKS[task].use
-    output_kind(use, out)  # a .csv --out is refused before the model loads
     value = lambda given, key, default=None: given if given is not None else saved.get(key, default)  # noqa: E731
     max_length = value(max_length, "max_length")
     options: dict[str, Any] = {"max_length": max_length} if max_length else {}
@@ -124,12 +124,31 @@ def predict_file(model_dir: str | os.PathLike, input_path: str | os.PathLike, ou
         if batch_size < 1:
             raise ValueError(f"batch size must be positive, got {batch_size}")
         options["max_batch_tokens"] = batch_size * (max_length or config.max_sequence_length)
+    engine = None
+    if adapter_dir is not None:
+        engine = open_engine(device=device, precision=precision, **options)
+        task = task or saved.get("task") or ADAPTER_TASKS.get(engine.use)
+    task = task or saved.get("task") or tasks.finetune_task_of(config)
+    if task is None:
+        raise ValueError(f"{adapter_dir or directory} has no {FINETUNE_CONFIG} and "
+                         f"{'its use' if adapter_dir else 'its config.json'} names no task head; pass --task "
+                         f"({', '.join(tasks.PREDICT_TASKS)})")
+    if task not in tasks.PREDICT_TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(tasks.PREDICT_TASKS)}")
+    use = tasks.FINETUNE_TASKS[task].use
+    if engine is None:
+        tasks.check_head(directory, config, task)
+    elif ADAPTER_TASKS.get(engine.use, engine.use) != ADAPTER_TASKS.get(use, use):
+        raise ValueError(f"{adapter_dir} is a {engine.use} adapter; predict --task {task} needs a {use} one "
+                         f"(run it with `bertkit {engine.use}`)")
+    output_kind(use, out)  # a .csv --out is refused before the model loads
     columns = {"text_column": text_column, "pair_column": pair_column, "tokens_key": tokens_key}
     if null_score_diff_threshold is not None:
         saved = {**saved, "null_score_diff_threshold": null_score_diff_threshold}
     fmt, reading, use_options = _predict_reading(task, Path(input_path), fmt, columns,
                                                  value(doc_stride, "doc_stride"), saved)
-    engine = Engine.load(directory, use=use, device=device, precision=precision, **options)
+    if engine is None:
+        engine = Engine.load(directory, use=use, device=device, precision=precision, **options)
     summary = run_use_on_file(use, engine, input_path, out, fmt=fmt, resume=resume, overwrite=overwrite,
                               progress=progress, **reading, **use_options)
     return {"task": task, "precision": engine.precision, "max_length": engine.max_length,

@@ -54,6 +54,7 @@ from bertkit.encoder.heads import task_class
 from bertkit.encoder.model import BertForMaskedLM
 from bertkit.train import finetune as ft
 from bertkit.train import optim, state
+from bertkit.train.card import distill_card
 from bertkit.util.fileio import atomic_write_json, model_directory
 
 log = logging.getLogger(__name__)
@@ -520,6 +521,7 @@ def distill(config: DistillConfig) -> dict[str, Any]:
     if config.mode == "task":
         summary["data"] = {"train": data.report.to_dict(), "features": len(data.features)}
     atomic_write_json(out / SUMMARY_FILE, summary)
+    distill_card(out)
     return summary
 
 

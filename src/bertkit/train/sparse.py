@@ -50,6 +50,7 @@ from torch import nn
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health, parallel
 from bertkit.train import state as train_state
+from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.optim import default_lr
 from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, evaluation_set, optimizer_step, read_pairs
 from bertkit.util import distributed
@@ -245,6 +246,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
     else:
         parallel.seed_dropout(config.seed, info)
         if info.is_main:
+            drop_stale(out)  # an earlier run's card would describe that run until this one ends
             atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
     engine = parallel.data_parallel(model, info)
     model.train()
@@ -303,6 +305,7 @@ def run(config: SparseTrainConfig) -> dict[str, Any]:
         log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)
     atomic_write_json(out / "eval.json", summary)
+    finetune_card(out)
     return summary
 
 

@@ -151,6 +151,9 @@ def model_directory(spec: str | os.PathLike, what: str = "model") -> Path:
                 "; pass the directory that holds config.json, the weights and the vocabulary")
         raise NotADirectoryError(f"{what} {spec} is a file, not a model directory{hint}")
     if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():  # an adapter where this command needs a whole model
+            raise FileNotFoundError(f"{what} {spec} is a LoRA adapter directory, not a whole model; this needs "
+                                    "a model directory: save the adapter merged (finetune --lora-save merged)")
         raise FileNotFoundError(f"{what} {spec} is not a model directory (it has no config.json); pass "
                                 "a directory saved by bertkit or by transformers' save_pretrained")
     return path

@@ -36,6 +36,7 @@ from bertkit.data.formats.common import pad_batch
 from bertkit.encoder.config import PRESETS, BertConfig
 from bertkit.train import health, lora, optim, parallel
 from bertkit.train import state as train_state
+from bertkit.train.card import finetune_card
 from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.train.finetune.setup import (
     EVAL_FILE,
@@ -175,6 +176,7 @@ def train_labelled(config: FinetuneConfig, task_class: type[Task]) -> dict[str, 
     for warning in summary["warnings"][1 if early else 0:]:
         log.warning("warning: %s", warning)
     atomic_write_json(out / EVAL_FILE, summary)
+    finetune_card(out)  # README.md, from the files just written
     # Finished: the training state (weights + optimizer, 3× the model) is no longer needed.
     shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
     return summary

@@ -14,7 +14,7 @@ from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.checkpoint import load_into, read_state_dict, to_hf_state_dict
 from bertkit.encoder.config import PRESETS, BertConfig
 from bertkit.encoder.heads import task_class
-from bertkit.train import lora
+from bertkit.train import card, lora
 from bertkit.train import state as train_state
 from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.util import distributed
@@ -86,6 +86,7 @@ def start_out_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in (METRICS_FILE, EVAL_FILE, STEPS_FILE):
         (out / name).unlink(missing_ok=True)  # stale results must not mix with this run's
+    card.drop_stale(out)  # an earlier run's card would describe that run until this one ends
     shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
 
 

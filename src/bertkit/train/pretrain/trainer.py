@@ -42,6 +42,7 @@ from bertkit.encoder.checkpoint import load_into, read_state_dict
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.model import BertForPreTraining, count_parameters
 from bertkit.train import optim, state
+from bertkit.train.card import pretrain_card
 from bertkit.train.pretrain.batches import (
     STATS,
     RunBatches,
@@ -546,6 +547,7 @@ class Trainer:
         }
         if self.dist.is_main:
             atomic_write_json(self.run_dir / SUMMARY_FILE, summary)
+            pretrain_card(self.run_dir)
         return summary
 
 

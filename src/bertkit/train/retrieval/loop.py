@@ -18,6 +18,7 @@ import torch
 
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health, lora, parallel
+from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.retrieval import biencoder, crossencoder
 from bertkit.train.retrieval.common import (
     BUILTIN_PREFIX,
@@ -75,6 +76,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     distributed.barrier(info)  # every rank has checked OUT before rank 0 writes to it
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        drop_stale(out)  # an earlier run's card would describe that run until this one ends
         atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
     from tqdm.auto import tqdm
 
@@ -136,6 +138,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
         log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)
     atomic_write_json(out / "eval.json", summary)
+    finetune_card(out)
     return summary
 
 
