@@ -92,3 +92,10 @@ def test_rtd_refuses_init(rtd_run, tmp_path) -> None:
     with pytest.raises(ValueError, match="--init"):
         pretrain(PretrainConfig(out=str(tmp_path / "run"), max_steps=1, init=str(root / "run" / "model"),
                                 **config))
+
+
+def test_the_card_of_an_rtd_run_says_what_was_trained(rtd_run) -> None:
+    root, _, _ = rtd_run
+    card = (root / "run" / "model" / "README.md").read_text(encoding="utf-8")
+    assert "replaced-token detection" in card and "AutoModelForPreTraining" in card
+    assert "binary cross-entropy" in card and "fill_mask" not in card

@@ -35,16 +35,17 @@ BUILTIN_PREFIX = "builtin:"
 # The Hub's pipeline tag of each task (sentence-transformers' for embed, rerank and sparse).
 PIPELINE_TAGS = {"classify": "text-classification", "pair": "text-classification", "ner": "token-classification",
                  "qa": "question-answering", "embed": "sentence-similarity", "rerank": "text-ranking",
-                 "sparse": "feature-extraction", "fill-mask": "fill-mask"}
+                 "sparse": "feature-extraction", "fill-mask": "fill-mask", "rtd": "feature-extraction"}
 TASK_WORDS = {"classify": "text classification", "pair": "sentence-pair classification",
               "ner": "named-entity recognition (token classification)", "qa": "extractive question answering",
               "embed": "sentence embeddings (a bi-encoder)", "rerank": "reranking (a cross-encoder)",
-              "sparse": "SPLADE sparse embeddings", "fill-mask": "masked-language-model pre-training"}
+              "sparse": "SPLADE sparse embeddings", "fill-mask": "masked-language-model pre-training",
+              "rtd": "replaced-token detection pre-training (ELECTRA's discriminator; its generator is in generator/)"}
 # transformers' auto class of each task's head
 AUTO_CLASSES = {"classify": "AutoModelForSequenceClassification", "pair": "AutoModelForSequenceClassification",
                 "rerank": "AutoModelForSequenceClassification", "ner": "AutoModelForTokenClassification",
                 "qa": "AutoModelForQuestionAnswering", "embed": "AutoModel", "sparse": "AutoModelForMaskedLM",
-                "fill-mask": "AutoModelForMaskedLM"}
+                "fill-mask": "AutoModelForMaskedLM", "rtd": "AutoModelForPreTraining"}
 # Settings that say where or how a run executed, not what it trained: left out of the table.
 NOT_HYPERPARAMETERS = {"out_dir", "out", "progress", "overwrite", "resume", "save_every", "eval_batch_size",
                        "device", "log_every", "num_workers", "eval_batches", "compile", "time_limit",
@@ -181,7 +182,10 @@ def pretrain_facts(run_dir: str | Path) -> Facts:
     start = (f"pre-training continued from {base}" if base
              else f"pre-trained from random weights (architecture {config.get('model')})")
     loss = "masked-language-model cross-entropy at the masked positions"
-    if objective and "+" in objective:
+    if objective == "rtd":
+        loss = (f"the generator's {loss} + {config.get('rtd_weight')} × the discriminator's "
+                "replaced-or-original binary cross-entropy over every token")
+    elif objective and "+" in objective:
         loss += f" plus the {objective.split('+', 1)[1].upper()} sentence-pair cross-entropy"
     notes = [f"optimizer steps: {summary.get('steps')} of {summary.get('total_steps')}"]
     if summary.get("tokens_seen"):
@@ -189,7 +193,8 @@ def pretrain_facts(run_dir: str | Path) -> Facts:
     if summary.get("stopped"):
         notes.append(f"stopped early: {summary['stopped']} (resumable)")
     results = {"train (last window)": _scores(summary.get("train")), "held-out": _scores(summary.get("eval"))}
-    return Facts(run / "model", "fill-mask", "pretrain", base, start, {"data": config.get("data", "")}, loss,
+    task = "rtd" if objective == "rtd" else "fill-mask"
+    return Facts(run / "model", task, "pretrain", base, start, {"data": config.get("data", "")}, loss,
                  _hyperparameters(config, objective=objective, precision=summary.get("precision"),
                                   world_size=summary.get("world_size")),
                  {k: v for k, v in results.items() if v}, notes)
@@ -305,7 +310,8 @@ def _usage(facts: Facts) -> list[str]:
             "embed": 'model.encode(["A sentence", "Another one"])',
             "rerank": 'model.rerank("a query", ["a document", "another"])',
             "sparse": 'model.encode_sparse(["A sentence"])',
-            "fill-mask": f'model.fill_mask("Paris is the {_mask_token(facts)} of France.")'}[facts.task]
+            "fill-mask": f'model.fill_mask("Paris is the {_mask_token(facts)} of France.")',
+            "rtd": 'model.encode(["A sentence"])  # the discriminator as an encoder'}[facts.task]
     out = ["With bertkit:", "", "```python", "import bertkit", "", f"model = bertkit.load({where!r})", call, "```"]
     if facts.adapter is not None:
         out += ["", f"The adapter runs over its base, {facts.base} (`bertkit.load(ADAPTER_DIR, base=BASE_DIR)` "
