@@ -260,3 +260,18 @@ def test_config_round_trips_as_transformers_writes_it():
     for key in ("position_buckets", "share_att_key", "norm_rel_ebd", "position_biased_input", "legacy",
                 "pos_att_type", "type_vocab_size", "max_relative_positions"):
         assert written[key] == theirs[key], key
+
+
+def test_lm_predictions_load_whatever_legacy_says(tmp_path):
+    """Released v3 checkpoints hold `lm_predictions.lm_head.*` with no `legacy` key (so true): the
+    head computes the same either way, so bertkit loads it (transformers initialises cls.predictions
+    afresh there, on purpose not followed) and the logits are the legacy-false model's."""
+    theirs, directory = make("v3", "ForMaskedLM", tmp_path)
+    values = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**values, "legacy": True}))
+    ours = model_class("ForMaskedLM").from_pretrained(directory)
+    assert not ours.load_report.missing and not ours.load_report.unexpected, ours.load_report
+    inputs = batch("v3")
+    with torch.no_grad():
+        reference = theirs(**inputs).logits
+    assert close(ours_padded(ours, inputs, "ForMaskedLM")[0], reference, inputs["attention_mask"]) <= TOL

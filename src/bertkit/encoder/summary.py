@@ -148,7 +148,9 @@ def format_parameter_table(spec: str | Path, vocab_size: int | None = None) -> s
         family = (f"; modernbert: rotary positions, {config.layer_types.count('full_attention')} global + "
                   f"{config.layer_types.count('sliding_attention')} local layers (window {config.local_attention})")
     elif config.family.layers == "disentangled":
-        buckets = f"{config.position_buckets} log buckets" if config.position_buckets > 0 else "no buckets"
+        reach = config.max_relative_positions if config.max_relative_positions >= 1 else config.max_position_embeddings
+        buckets = (f"{config.position_buckets} log buckets" if config.position_buckets > 0
+                   else f"distances clipped at ±{reach}")
         family = (f"; {config.model_type}: disentangled attention ({'+'.join(config.pos_att_type or []) or 'content'}, "
                   f"{buckets}{', shared Q/K' if config.share_att_key else ''}"
                   f"{', absolute positions' if config.position_biased_input else ''})")
