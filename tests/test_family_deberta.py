@@ -8,6 +8,8 @@ Two tiny random layouts made by transformers in the test, odd distinct sizes (no
 - v3: no absolute positions nor segments, 8 log buckets, positions through the layers' own Q and K
   (share_att_key), the relative table LayerNorm'd, the MLM head as `lm_predictions.lm_head`.
 Every head is compared on a right-padded batch (pairs where there are segments), fp32, within 1e-5.
+The LoRA target names (query_proj, key_proj, value_proj, ...) are checked against transformers'
+modules with every family's in `tests/test_families.py`.
 """
 
 from __future__ import annotations
@@ -275,3 +277,24 @@ def test_lm_predictions_load_whatever_legacy_says(tmp_path):
     with torch.no_grad():
         reference = theirs(**inputs).logits
     assert close(ours_padded(ours, inputs, "ForMaskedLM")[0], reference, inputs["attention_mask"]) <= TOL
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_one_training_step_has_transformers_gradients(style, tmp_path):
+    """The fine-tuning path: the loss and every parameter's gradient, compared under transformers'
+    names (the fused qkv split back; with share_att_key the position terms reach Q and K's gradients)."""
+    from bertkit.encoder.checkpoint import to_hf_state_dict
+
+    theirs, directory = make(style, "ForSequenceClassification", tmp_path)
+    ours = model_class("ForSequenceClassification").from_pretrained(directory).train()
+    theirs.train()
+    inputs, labels = batch(style), torch.tensor([0, 2, 1, 2])
+    loss = ours(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"], labels=labels).loss
+    reference = theirs(**inputs, labels=labels).loss
+    loss.backward()
+    reference.backward()
+    assert abs(float(loss.detach()) - float(reference.detach())) <= TOL
+    grads = to_hf_state_dict({name: p.grad for name, p in ours.named_parameters()}, ours.config)
+    expected = {name: p.grad for name, p in theirs.named_parameters() if p.grad is not None}
+    assert set(grads) == set(expected)
+    assert max(float((grads[name] - expected[name]).abs().max()) for name in expected) <= TOL
