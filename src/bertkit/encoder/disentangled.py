@@ -15,6 +15,8 @@ query_proj / key_proj / value_proj); what differs is here:
   through the layer's own query and key projections, else through pos_query_proj / pos_key_proj.
 - The table is read by every layer: `RelativeEmbeddings` normalises it (norm_rel_ebd
   "layer_norm", v3) and buckets the distances once per forward (`Positions`); each layer projects it.
+  Only the rows the batch's distances reach are kept (a 30-token text reads 59 of v3's 512), so
+  the projections and the position terms cost what the lengths need; the values are the same.
 - DeBERTa-v2 (not v3) adds a convolution over the embeddings to the first layer's output
   (`ConvLayer`, conv_kernel_size), each sequence zero-padded at its own ends.
 - The embeddings (`Embeddings`): absolute positions only when position_biased_input (v2; v3 has
@@ -27,7 +29,7 @@ computed; the packed path (`attend_packed`) runs each run of equal-length sequen
 
 Dimension letters: B batch, T (padded) length, L a run's length, c sequences in a run, N tokens,
 M rows a convolution computes, H hidden size, E embedding width, nh heads, hs head size,
-S the relative span (2S table rows), K the convolution's kernel.
+S the relative span (2S table rows), R the rows a batch reads, K the convolution's kernel.
 """
 
 from __future__ import annotations
@@ -70,11 +72,17 @@ def relative_span(config: BertConfig) -> tuple[int, int]:
     return (config.position_buckets if config.position_buckets > 0 else max_position), max_position
 
 
+def _tracing() -> bool:
+    """Whether a graph is being traced (torch.compile, torch.export, the ONNX exporters)."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
 @dataclass
 class Positions:
     """What every layer's disentangled attention reads, made once per forward (`RelativeEmbeddings`)."""
-    embeddings: torch.Tensor | None  # (2S, H) the relative embeddings, normalised where norm_rel_ebd says
+    embeddings: torch.Tensor | None  # (R, H) the relative embeddings' rows read, normalised per norm_rel_ebd
     index: torch.Tensor | None  # (T, T) long: the bucketed distance i − j of key j from query i
+    first_row: int  # the row of the whole (2S, H) table that `embeddings` starts at
     # (both None under relative_attention false: content scores alone)
     key_mask: torch.Tensor | None  # (B, 1, 1, T) bool, True at real keys; None without padding
 
@@ -96,13 +104,17 @@ class RelativeEmbeddings(nn.Module):
         """The table and the bucketed distances of `length` tokens; a shorter sequence reads the
         top-left block of the index, as the distance alone decides it."""
         if self.embeddings is None:
-            return Positions(None, None, key_mask)
-        table = self.embeddings.weight  # (2S, H)
-        ids = torch.arange(length, device=table.device)  # (T,)
+            return Positions(None, None, 0, key_mask)
+        ids = torch.arange(length, device=self.embeddings.weight.device)  # (T,)
         index = ids[:, None] - ids[None, :]  # (T, T): i − j
         if self.buckets > 0:
             index = log_buckets(index, self.buckets, self.max_position)
-        return Positions(self.norm(table) if self.norm is not None else table, index, key_mask)
+        # the rows δ + S and −δ + S can reach (δ is antisymmetric), clipped to the table as the terms clip;
+        # a traced or exported graph keeps them all, as the length is not a constant there
+        reach = self.span if _tracing() else int(index[-1, 0])  # the farthest distance's bucket
+        first, last = max(0, self.span - reach), min(2 * self.span - 1, self.span + reach)
+        table = self.embeddings.weight[first:last + 1]  # (R, H), R ≤ 2S
+        return Positions(self.norm(table) if self.norm is not None else table, index, first, key_mask)
 
     def scores(self, length: int, padding: Padding | None) -> Positions:
         """`of_length` with a padded batch's key mask (the name `model.BertModel` asks every relative scheme)."""
@@ -129,7 +141,7 @@ class DisentangledAttention(nn.Module):
         self.pos_dropout = ops.Dropout(config.hidden_dropout_prob)
 
     def projections(self, layer: nn.Module, table: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(2S, H) relative embeddings → their query and key projections (nh, 2S, hs) each, or None where unused.
+        """(R, H) relative embeddings → their query and key projections (nh, R, hs) each, or None where unused.
 
         With share_att_key the layer's fused qkv projects them (a LoRA or int8 qkv included, as
         PEFT's query_proj and key_proj are called on them there); its value third is not used."""
@@ -137,38 +149,40 @@ class DisentangledAttention(nn.Module):
             return None, None
         table = self.pos_dropout(table)
         if self.share_att_key:
-            pos_q, pos_k, _ = layer.qkv(table).split(self.hidden, dim=-1)  # (2S, H) each
+            pos_q, pos_k, _ = layer.qkv(table).split(self.hidden, dim=-1)  # (R, H) each
         else:
             pos_q = self.pos_query_proj(table) if self.pos_query_proj is not None else None
             pos_k = self.pos_key_proj(table) if self.pos_key_proj is not None else None
 
         def heads(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.view(-1, self.num_heads, self.head_dim).transpose(0, 1)  # (nh, 2S, hs)
+            return None if t is None else t.view(-1, self.num_heads, self.head_dim).transpose(0, 1)  # (nh, R, hs)
         return heads(pos_q if self.p2c else None), heads(pos_k if self.c2p else None)
 
     def position_scores(self, q: torch.Tensor, k: torch.Tensor, pos_q: torch.Tensor | None,
-                        pos_k: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | float:
+                        pos_k: torch.Tensor | None, index: torch.Tensor, first_row: int) -> torch.Tensor | float:
         """c2p + p2c, each divided by the scale: q (c, nh, Lq, hs) of the first Lq tokens (L, or 1
-        for the first token alone), k (c, nh, L, hs), index (L, L) → (c, nh, Lq, L) float."""
+        for the first token alone), k (c, nh, L, hs), index (L, L), the projected rows from
+        first_row of the table on → (c, nh, Lq, L) float."""
         span, lq, length = self.span, q.shape[2], k.shape[2]
         score: torch.Tensor | float = 0.0
         if pos_k is not None:  # content → position: query i reads the embedding of δ(i, j)
-            c2p = torch.matmul(q, pos_k.transpose(-1, -2))  # (c, nh, Lq, 2S)
-            at = (index[:lq] + span).clamp(0, 2 * span - 1)  # (Lq, L)
+            c2p = torch.matmul(q, pos_k.transpose(-1, -2))  # (c, nh, Lq, R)
+            at = (index[:lq] + span).clamp(0, 2 * span - 1) - first_row  # (Lq, L)
             score = score + torch.gather(c2p, -1, at.expand(*c2p.shape[:2], lq, length)) / self.scale
         if pos_q is not None:  # position → content: key j reads the embedding of δ(j, i)
-            p2c = torch.matmul(k, pos_q.transpose(-1, -2))  # (c, nh, L, 2S)
-            at = (-index[:, :lq] + span).clamp(0, 2 * span - 1)  # (L, Lq): key j, query i
+            p2c = torch.matmul(k, pos_q.transpose(-1, -2))  # (c, nh, L, R)
+            at = (-index[:, :lq] + span).clamp(0, 2 * span - 1) - first_row  # (L, Lq): key j, query i
             gathered = torch.gather(p2c, -1, at.expand(*p2c.shape[:2], length, lq))  # (c, nh, L, Lq)
             score = score + gathered.transpose(-1, -2) / self.scale  # (c, nh, Lq, L)
         return score
 
     def attend(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               projected: tuple[torch.Tensor | None, torch.Tensor | None], index: torch.Tensor,
+               projected: tuple[torch.Tensor | None, torch.Tensor | None], positions: Positions,
                key_mask: torch.Tensor | None) -> torch.Tensor:
         """q (c, nh, Lq, hs), k, v (c, nh, L, hs), key_mask (c, 1, 1, L) bool or None → (c, nh, Lq, hs)."""
-        length = k.shape[2]
-        bias = 0.0 if index is None else self.position_scores(q, k, *projected, index[:length, :length])
+        length, index = k.shape[2], positions.index
+        bias = 0.0 if index is None else self.position_scores(q, k, *projected, index[:length, :length],
+                                                              positions.first_row)
         if not torch.is_tensor(bias):  # no position terms (pos_att_type empty): the scale alone differs
             bias = q.new_zeros(1, 1, 1, length)
         if key_mask is not None:
@@ -178,7 +192,7 @@ class DisentangledAttention(nn.Module):
     def forward(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 positions: Positions) -> torch.Tensor:
         """A padded batch: q (B, nh, Tq, hs) of the first Tq tokens, k, v (B, nh, T, hs) → (B, nh, Tq, hs)."""
-        return self.attend(layer, q, k, v, self.projections(layer, positions.embeddings), positions.index,
+        return self.attend(layer, q, k, v, self.projections(layer, positions.embeddings), positions,
                            positions.key_mask)
 
     def attend_packed(self, layer: nn.Module, qkv: torch.Tensor, packed: Packed, positions: Positions,
@@ -193,7 +207,7 @@ class DisentangledAttention(nn.Module):
         for first, count, length in packed.runs:
             block = qkv[first:first + count * length].view(count, length, 3, nh, hs)  # (c, L, 3, nh, hs)
             q, k, v = block.permute(2, 0, 3, 1, 4).unbind(0)  # (c, nh, L, hs) each
-            y = self.attend(layer, q[:, :, :1] if first_only else q, k, v, projected, positions.index, None)
+            y = self.attend(layer, q[:, :, :1] if first_only else q, k, v, projected, positions, None)
             if first_only:
                 out[done:done + count] = y.reshape(count, nh * hs)  # (c, H)
                 done += count
