@@ -310,3 +310,17 @@ def test_export_refuses_deberta_in_one_line(tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="DeBERTa model .* does not export yet") as err:
         export(directory, tmp_path / "out")
     assert "\n" not in str(err.value)
+
+
+def test_explorer_declines_the_attention_view_in_one_line(tokenizer_dir, tmp_path):
+    """The explorer loads a DeBERTa masked LM (its other views run on the engine); the attention
+    view, which writes every layer's weights out, says it does not draw this attention yet."""
+    from bertkit.explore import views
+
+    _, directory = make("v3", "ForMaskedLM", tmp_path / "mlm",
+                        vocab_size=len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir)))
+    for name in ("spm.model", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, directory / name)
+    explorer = views.Explorer.load(directory)
+    with pytest.raises(views.ViewError, match="does not draw DeBERTa's disentangled attention"):
+        views.attention(explorer, "Paris is the capital of France.")
