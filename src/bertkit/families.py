@@ -5,8 +5,8 @@ As transformers' `models/auto` maps a `model_type` to its classes, `FAMILIES` ma
 positions start, has a pooler, which LoRA targets, what its tokenizer directory holds, where its
 heads sit on disk), so that a room asks `config.family.shares_layers`, never `model_type ==
 "albert"`. How the layers themselves differ is the encoder's (`encoder/model.py`, ModernBERT's
-pieces in `encoder/modern.py`); a new family is a record here, plus a layer variant there when its
-layers are not BERT's.
+pieces in `encoder/modern.py`, DeBERTa's in `encoder/disentangled.py`); a new family is a record
+here, plus a layer variant there when its layers are not BERT's.
 
 Torch-free and at the bottom of the layers (above `constants`), so the data layer (tokenizers)
 and the encoder read the same records.
