@@ -324,3 +324,34 @@ def test_explorer_declines_the_attention_view_in_one_line(tokenizer_dir, tmp_pat
     explorer = views.Explorer.load(directory)
     with pytest.raises(views.ViewError, match="does not draw DeBERTa's disentangled attention"):
         views.attention(explorer, "Paris is the capital of France.")
+
+
+def with_tokenizer(directory: Path, tokenizer_dir: Path) -> Path:
+    for name in ("spm.model", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, directory / name)
+    return directory
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_fill_mask_ner_and_qa_run_on_the_engine(style, tokenizer_dir, tmp_path, capsys):
+    """fill-mask's top 5 are transformers' (ids and probabilities); `ner` and `qa` answer over
+    transformers-made heads (QA windows are pairs: segments where v2 has them, none in v3)."""
+    from bertkit.inference import fill_mask
+
+    from family_fixtures import transformers_top_masked
+
+    vocab = len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    directory = with_tokenizer(make(style, "ForMaskedLM", tmp_path / "mlm", vocab_size=vocab)[1], tokenizer_dir)
+    text = "Paris is the [MASK] of France."
+    ours = fill_mask(directory, [text], top_k=5)[0][0]
+    ids, scores = transformers_top_masked(directory, text)
+    assert [c.token_id for c in ours] == ids
+    assert max(abs(c.score - p) for c, p in zip(ours, scores)) <= 1e-6
+    tagger = with_tokenizer(make(style, "ForTokenClassification", tmp_path / "ner", vocab_size=vocab,
+                                 id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})[1], tokenizer_dir)
+    assert main(["ner", str(tagger), "--json", "Paris is the capital of France."]) == 0
+    assert "entities" in json.loads(capsys.readouterr().out)
+    reader = with_tokenizer(make(style, "ForQuestionAnswering", tmp_path / "qa", vocab_size=vocab)[1], tokenizer_dir)
+    assert main(["qa", str(reader), "--json", "--question", "What is the capital?", "--context",
+                 "Paris is the capital of France."]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"]
