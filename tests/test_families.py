@@ -28,7 +28,8 @@ from bertkit.train import lora
 SRC = Path(bertkit.__file__).parent
 # The rooms that may name a family: the records, and the encoder that builds each family's layers.
 ALLOWED = ("families.py", "encoder/")
-NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie", "electra", "mpnet"}
+NAMES = {"albert", "roberta", "distilbert", "modernbert", "xlm-roberta", "camembert", "ernie", "electra", "mpnet",
+         "deberta-v2"}
 
 
 # ------------------------------------------------------------------------------------------- (a)
@@ -98,6 +99,8 @@ def tiny(model_type: str, **overrides) -> BertConfig:
                   pad_token_id=1, num_labels=3)
     if model_type == "albert":
         values["embedding_size"] = 14
+    if model_type == "deberta-v2":  # DeBERTa-v2's relative attention, its segments and convolution
+        values.update(relative_attention=True, pos_att_type=["p2c", "c2p"], type_vocab_size=2, conv_kernel_size=3)
     return BertConfig.from_dict({**values, **overrides})
 
 
@@ -123,7 +126,8 @@ def test_the_record_is_what_the_encoder_builds(model_type):
     encoder = BertModel(config)
     assert (len(encoder.layers) < config.num_hidden_layers) == family.shares_layers
     assert len(encoder.layers) == config.num_layer_weights
-    assert (getattr(encoder.embeddings, "token_type_embeddings", None) is not None) == family.segments
+    segments = family.segments and config.type_vocab_size > 0  # DeBERTa's type_vocab_size may be 0
+    assert (getattr(encoder.embeddings, "token_type_embeddings", None) is not None) == segments
     assert (encoder.pooler is not None) == family.pooler
     table = getattr(encoder.embeddings, "position_embeddings", None)
     assert (table is None) == (family.positions == "rotary")
@@ -140,7 +144,8 @@ def test_the_record_is_what_the_encoder_builds(model_type):
     activation = getattr(classifier.classifier, "activation", None)
     built = {"pooler": classifier.bert.pooler, "dense_tanh": dense if activation == "tanh" else None,
              "dense_gelu": dense if activation == "gelu" else None,
-             "pre_classifier": classifier.pre_classifier, "prediction_head": classifier.head}
+             "pre_classifier": classifier.pre_classifier, "prediction_head": classifier.head,
+             "context_pooler": classifier.context_pooler}
     assert [kind for kind, module in built.items() if module is not None] == [family.sequence_classifier]
 
 

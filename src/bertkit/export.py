@@ -207,6 +207,9 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, format: str 
         raise ValueError(f"a pooled sentence_embedding output is for --task embed; {model_dir} exports "
                          f"for {task} (pass --task embed to export its encoder as an embedding model)")
     engine = Engine.load(model_dir, use=task, precision="fp32", device="cpu")
+    if engine.config.family.relative_attention == "disentangled":
+        raise ValueError(f"{model_dir} is a DeBERTa model (model_type {engine.config.model_type!r}), whose "
+                         "disentangled attention bertkit does not export yet; serve it with bertkit's engine instead")
     mode = norm = None
     if pooled:
         own = engine.pooling

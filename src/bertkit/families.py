@@ -5,8 +5,8 @@ As transformers' `models/auto` maps a `model_type` to its classes, `FAMILIES` ma
 positions start, has a pooler, which LoRA targets, what its tokenizer directory holds, where its
 heads sit on disk), so that a room asks `config.family.shares_layers`, never `model_type ==
 "albert"`. How the layers themselves differ is the encoder's (`encoder/model.py`, ModernBERT's
-pieces in `encoder/modern.py`); a new family is a record here, plus a layer variant there when its
-layers are not BERT's.
+pieces in `encoder/modern.py`, DeBERTa's in `encoder/disentangled.py`); a new family is a record
+here, plus a layer variant there when its layers are not BERT's.
 
 Torch-free and at the bottom of the layers (above `constants`), so the data layer (tokenizers)
 and the encoder read the same records.
@@ -24,16 +24,20 @@ POSITIONS = ("absolute", "after_padding", "rotary")
 # What the sequence classifier reads the [CLS] state through (`encoder/heads.py` says how each runs):
 # BERT's pooler, RoBERTa's dense → tanh → out_proj, ELECTRA's dense → GELU → out_proj,
 # DistilBERT's pre_classifier → ReLU, or ModernBERT's prediction head (dense → act → LayerNorm).
-SEQUENCE_CLASSIFIERS = ("pooler", "dense_tanh", "dense_gelu", "pre_classifier", "prediction_head")
+# DeBERTa's context pooler (dropout → dense → pooler_hidden_act, at the head, not in the encoder).
+SEQUENCE_CLASSIFIERS = ("pooler", "dense_tanh", "dense_gelu", "pre_classifier", "prediction_head", "context_pooler")
 # When the embeddings (width embedding_size) are projected to hidden_size before the first layer:
-# never (the tables are hidden_size wide), always (ALBERT), or where the widths differ (ELECTRA).
-EMBEDDING_PROJECTIONS = (None, "always", "if_differs")
+# never (the tables are hidden_size wide), always (ALBERT), or where the widths differ (ELECTRA);
+# DeBERTa's, where they differ, sits inside its embeddings before their LayerNorm, without bias.
+EMBEDDING_PROJECTIONS = (None, "always", "if_differs", "before_norm")
 # The encoder layers a family runs: BERT's post-LayerNorm layers (`encoder/model.py`) or ModernBERT's
-# pre-LN, rotary, GeGLU, local–global ones (`encoder/modern.py`).
-LAYERS = ("bert", "modern")
+# pre-LN, rotary, GeGLU, local–global ones (`encoder/modern.py`), or BERT's with DeBERTa's disentangled
+# attention and embeddings (`encoder/disentangled.py`).
+LAYERS = ("bert", "modern", "disentangled")
 # A bias added to every layer's attention scores by relative distance: none, or MPNet's bucketed
-# table, one row of heads per bucket, shared by the layers (`encoder/relative.py`).
-RELATIVE_ATTENTIONS = (None, "bucketed")
+# table, one row of heads per bucket, shared by the layers (`encoder/relative.py`); or DeBERTa's
+# relative embeddings, which each layer projects into position terms of its scores (`encoder/disentangled.py`).
+RELATIVE_ATTENTIONS = (None, "bucketed", "disentangled")
 
 # A LoRA target adapts (bertkit's module in a layer, the third of the fused qkv it lands on, or
 # None for the whole module) pairs; one target may name two modules (ModernBERT's two Wo).
@@ -43,12 +47,13 @@ LoraModules = tuple[tuple[str, int | None], ...]
 @dataclass(frozen=True)
 class TokenizerLayout:
     """What a family's tokenizer directory holds when it has no tokenizer.json, and its defaults."""
-    backend: str  # the `data/tokenizer_backends` builder that reads the files: wordpiece | bpe | unigram
+    backend: str  # the `data/tokenizer_backends` builder that reads the files: wordpiece | bpe | unigram | deberta_spm
     files: tuple[str, ...]  # the files that builder reads
     tokenizer_class: str  # transformers' class, written to tokenizer_config.json when none is named
     # Special tokens when tokenizer_config.json names none; empty: BERT's [PAD] [UNK] [CLS] [SEP] [MASK]
     # (`data/tokenizer_backends.SPECIAL_KEYS`), which every builder starts from.
     specials: Mapping[str, str]
+    extra: str = ""  # the pyproject extra its files need (SentencePiece models: sentencepiece, protobuf)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,9 @@ class NameMap:
     decoder_bias: tuple[str, str] | None = None  # (MLM bias, the legacy decoder.bias it may hide as)
     # (memory name, other memory name) prefixes of one disk tensor: loading takes the one the model has
     aliases: tuple[tuple[str, str], ...] = ()
+    # (ours, theirs) of the MLM head written when config.json's `legacy` is false (DeBERTa's
+    # lm_predictions.lm_head); both layouts load, whatever `legacy` says
+    unlegacy_mlm: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ BPE = TokenizerLayout("bpe", ("vocab.json", "merges.txt"), "RobertaTokenizer", _
 # ALBERT's SentencePiece Unigram model: BERT's markers, SentencePiece's padding and unknown.
 UNIGRAM = TokenizerLayout("unigram", ("spiece.model",), "AlbertTokenizer",
                           {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                           "mask_token": "[MASK]"})
+                           "mask_token": "[MASK]"}, extra="albert")
 # ModernBERT ships a tokenizer.json only (OLMo's BPE with BERT's special tokens).
 TOKENIZER_JSON = TokenizerLayout("json", ("tokenizer.json",), "PreTrainedTokenizerFast", {})
 # XLM-RoBERTa's and CamemBERT's SentencePiece Unigram model, read from its tokenizer.json (the
@@ -134,6 +142,8 @@ XLMR_JSON = TokenizerLayout("json", ("tokenizer.json",), "XLMRobertaTokenizer", 
 CAMEMBERT_JSON = TokenizerLayout("json", ("tokenizer.json",), "CamembertTokenizer", _FAIRSEQ_SPECIALS)
 # MPNet's WordPiece with fairseq's markers (`<s> A </s></s> B </s>`) and BERT's unknown token.
 MPNET_JSON = TokenizerLayout("json", ("tokenizer.json",), "MPNetTokenizer", {**_FAIRSEQ_SPECIALS, "unk_token": "[UNK]"})
+# DeBERTa-v2/v3's SentencePiece Unigram model (spm.model; v3 ships no tokenizer.json), BERT's markers.
+DEBERTA_SPM = TokenizerLayout("deberta_spm", ("spm.model",), "DebertaV2Tokenizer", {}, extra="deberta")
 
 # ------------------------------------------------------------------------------------ LoRA targets
 _BERT_LORA = {"query": (("qkv", 0),), "key": (("qkv", 1),), "value": (("qkv", 2),),
@@ -143,6 +153,10 @@ _BERT_LORA = {"query": (("qkv", 0),), "key": (("qkv", 1),), "value": (("qkv", 2)
 # MPNet's projections are q, k, v and o inside attention.attn.
 _MPNET_LORA = {"q": (("qkv", 0),), "k": (("qkv", 1),), "v": (("qkv", 2),), "o": (("attn_out", None),),
                "intermediate": (("ffn_in", None),), "output": (("ffn_out", None),)}
+# DeBERTa's projections are query_proj, key_proj and value_proj inside attention.self.
+_DEBERTA_LORA = {"query_proj": (("qkv", 0),), "key_proj": (("qkv", 1),), "value_proj": (("qkv", 2),),
+                 "attention.output": (("attn_out", None),), "intermediate": (("ffn_in", None),),
+                 "output": (("ffn_out", None),)}
 _MODERN_LORA = {"Wqkv": (("qkv", None),), "Wo": (("attn_out", None), ("ffn_out", None)),
                 "Wi": (("ffn_in", None),)}
 
@@ -259,6 +273,38 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            # No segment table; transformers' MPNetConfig defaults where they are not BERT's.
            fixed_fields={"type_vocab_size": 1},
            defaults={"vocab_size": 30527, "pad_token_id": 1, "relative_attention_num_buckets": 32}),
+    # DeBERTa-v2, DeBERTa-v3 and mDeBERTa-v3 (He et al. 2021, 2023): BERT's post-LN layers under
+    # `deberta.` with disentangled attention (relative embeddings shared by the layers, log buckets),
+    # absolute positions and segments only where the config asks, v2's convolution after the first
+    # layer; a context pooler at the sequence classifier; BERT's MLM head (`cls.predictions`) or
+    # the same head as `lm_predictions.lm_head` (`legacy` false, and the released v3 files).
+    Family("deberta-v2", "DebertaV2", positions="absolute", segments=True, pooler=False, ignores_segment_ids=False,
+           sequence_classifier="context_pooler", sentence_head=None, layers="disentangled", shares_layers=False,
+           lora_targets=_DEBERTA_LORA, tokenizer=DEBERTA_SPM, embedding_projection="before_norm",
+           relative_attention="disentangled",
+           names=NameMap(
+               prefix="deberta.", base_roots=("embeddings.", "encoder."), layer=r"encoder\.layer\.(\d+)\.",
+               qkv=("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj"),
+               layer_parts=(("disentangled.pos_key_proj.", "attention.self.pos_key_proj."),
+                            ("disentangled.pos_query_proj.", "attention.self.pos_query_proj."), *_BERT_LAYER_PARTS),
+               outer=(("embeddings.norm.", "embeddings.LayerNorm."), ("relative_bias.norm.", "encoder.LayerNorm."),
+                      ("relative_bias.embeddings.", "encoder.rel_embeddings."),
+                      ("layers.0.conv.norm.", "encoder.conv.LayerNorm."), ("layers.0.conv.", "encoder.conv."),
+                      ("context_pooler.", "pooler."),
+                      ("mlm.transform.", "cls.predictions.transform.dense."),
+                      ("mlm.norm.", "cls.predictions.transform.LayerNorm."), ("mlm.bias", "cls.predictions.bias"),
+                      ("mlm.transform.", "lm_predictions.lm_head.dense."),
+                      ("mlm.norm.", "lm_predictions.lm_head.LayerNorm."), ("mlm.bias", "lm_predictions.lm_head.bias")),
+               # the tied decoder, and v3's replaced-token head that transformers does not load either
+               ignored=r"^cls\.predictions\.decoder\.(weight|bias)$|^mask_predictions\.",
+               decoder_bias=("cls.predictions.bias", "cls.predictions.decoder.bias"),
+               unlegacy_mlm=(("mlm.transform.", "lm_predictions.lm_head.dense."),
+                             ("mlm.norm.", "lm_predictions.lm_head.LayerNorm."),
+                             ("mlm.bias", "lm_predictions.lm_head.bias"))),
+           config_keys={"cls_dropout": "classifier_dropout"},
+           # transformers' DebertaV2Config defaults where they are not BERT's (DeBERTa-v2-xlarge's sizes).
+           defaults={"vocab_size": 128100, "hidden_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 24,
+                     "intermediate_size": 6144, "type_vocab_size": 0, "layer_norm_eps": 1e-7}),
     Family("distilbert", "DistilBert", positions="absolute", segments=False, pooler=False, ignores_segment_ids=False,
            sequence_classifier="pre_classifier", sentence_head=None, layers="bert", shares_layers=False,
            lora_targets=_BERT_LORA, tokenizer=WORDPIECE,
@@ -319,6 +365,6 @@ def tokenizer_layout(tokenizer_class: str | None, model_type: str | None) -> Tok
     return FAMILIES[model_type].tokenizer if model_type in FAMILIES else WORDPIECE
 
 
-__all__ = ["BPE", "CAMEMBERT_JSON", "EMBEDDING_PROJECTIONS", "FAMILIES", "Family", "LAYERS", "MPNET_JSON", "NameMap",
-           "POSITIONS", "RELATIVE_ATTENTIONS", "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON", "TokenizerLayout", "UNIGRAM",
-           "WORDPIECE", "XLMR_JSON", "family_of", "tokenizer_layout"]
+__all__ = ["BPE", "CAMEMBERT_JSON", "DEBERTA_SPM", "EMBEDDING_PROJECTIONS", "FAMILIES", "Family", "LAYERS",
+           "MPNET_JSON", "NameMap", "POSITIONS", "RELATIVE_ATTENTIONS", "SEQUENCE_CLASSIFIERS", "TOKENIZER_JSON",
+           "TokenizerLayout", "UNIGRAM", "WORDPIECE", "XLMR_JSON", "family_of", "tokenizer_layout"]

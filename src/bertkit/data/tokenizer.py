@@ -15,8 +15,9 @@ The other families' tokenizers load through the same class: whatever a tokenizer
 with the special tokens of tokenizer_config.json, or the family's defaults (`Family.tokenizer` in
 `bertkit.families`, by tokenizer_class or config.json's model_type). A RoBERTa directory without tokenizer.json
 loads from vocab.json + merges.txt as transformers' RobertaTokenizer builds it, an ALBERT
-directory without tokenizer.json from spiece.model as transformers' AlbertTokenizer builds it
-(reading the file takes sentencepiece and protobuf: the `albert` extra).
+directory without tokenizer.json from spiece.model as transformers' AlbertTokenizer builds it, a
+DeBERTa-v2/v3 one from spm.model as DebertaV2Tokenizer builds it (reading either file takes
+sentencepiece and protobuf: the `albert` and `deberta` extras).
 
 The `tokenizers` backend keeps truncation and padding as state; each call here sets them for itself,
 so one `BertTokenizer` must not be shared by threads that encode with different settings at once.
@@ -36,7 +37,7 @@ from tokenizers import Tokenizer
 
 from bertkit.data import tokenizer_backends as backends
 from bertkit.data.tokenizer_backends import CLS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
-from bertkit.families import BPE, UNIGRAM, TokenizerLayout, tokenizer_layout
+from bertkit.families import BPE, DEBERTA_SPM, UNIGRAM, TokenizerLayout, tokenizer_layout
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, missing_model_dir
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,12 @@ class BertTokenizer:
                                           trim_offsets=bool(config.get("trim_offsets", True)),
                                           tokenizer_class=config.get("tokenizer_class"))
             if not vocab_file.exists():
+                if path.is_dir() and all((directory / name).is_file() for name in DEBERTA_SPM.files):
+                    return cls.from_deberta_spm(
+                        directory / DEBERTA_SPM.files[0], lowercase=bool(config.get("do_lower_case", False)),
+                        split_by_punct=bool(config.get("split_by_punct", False)),
+                        add_prefix_space=bool(config.get("add_prefix_space", True)),
+                        model_max_length=max_len, special_tokens=specials)
                 if path.is_dir() and all((directory / name).is_file() for name in UNIGRAM.files):
                     return cls.from_sentencepiece(
                         *(directory / name for name in UNIGRAM.files),
@@ -227,6 +234,19 @@ class BertTokenizer:
                                    add_prefix_space=add_prefix_space)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
         tokenizer.tokenizer_class = tokenizer_class or UNIGRAM.tokenizer_class
+        return tokenizer
+
+    @classmethod
+    def from_deberta_spm(cls, spm_model: str | os.PathLike, *, lowercase: bool = False,
+                         split_by_punct: bool = False, add_prefix_space: bool = True, model_max_length: int = 512,
+                         special_tokens: dict[str, str] | None = None) -> "BertTokenizer":
+        """DeBERTa-v2/v3's SentencePiece Unigram model from spm.model (`tokenizer_backends.deberta_spm`;
+        reading the file takes the `deberta` extra)."""
+        specials = {**SPECIAL_KEYS, **DEBERTA_SPM.specials, **(special_tokens or {})}
+        backend = backends.deberta_spm(spm_model, specials, lowercase=lowercase, split_by_punct=split_by_punct,
+                                       add_prefix_space=add_prefix_space)
+        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
+        tokenizer.tokenizer_class = DEBERTA_SPM.tokenizer_class
         return tokenizer
 
     # -- settings ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
   RobertaTokenizer builds it: `<s> A </s></s> B </s>`, one segment id (0) throughout;
 - `unigram`: ALBERT's SentencePiece Unigram model from spiece.model, as transformers'
   AlbertTokenizer builds it;
+- `deberta_spm`: DeBERTa-v2/v3's SentencePiece Unigram model from spm.model, as transformers'
+  DebertaV2Tokenizer builds it;
 - `set_bert_post_processor`: `[CLS] A [SEP] (B [SEP])` with segment ids 0 / 1.
 
 BERT's special-token names live here too, as every builder needs them; each family's defaults
@@ -25,6 +27,8 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE, WordPiece
+
+from bertkit.families import DEBERTA_SPM, UNIGRAM, TokenizerLayout
 
 logger = logging.getLogger(__name__)
 
@@ -140,21 +144,7 @@ def unigram(spiece_model: str | os.PathLike, specials: dict[str, str], *, lowerc
     from tokenizers import AddedToken
     from tokenizers.models import Unigram
 
-    try:
-        from sentencepiece import sentencepiece_model_pb2
-    except ImportError as err:
-        raise ImportError(f"reading {spiece_model} needs sentencepiece and protobuf ({err.name} is "
-                          "not installed): pip install 'bertkit[albert]', or save the tokenizer "
-                          "once with transformers to get a tokenizer.json") from None
-    proto = sentencepiece_model_pb2.ModelProto()
-    try:
-        proto.ParseFromString(Path(spiece_model).read_bytes())
-    except Exception as err:  # protobuf's DecodeError, or a file that is no model at all
-        raise ValueError(f"cannot read {spiece_model} as a SentencePiece model: {err}") from None
-    if proto.trainer_spec.model_type != 1:  # 1 = UNIGRAM; ALBERT's is always Unigram
-        raise ValueError(f"{spiece_model} is a SentencePiece model of type "
-                         f"{proto.trainer_spec.model_type}, not Unigram (1) as ALBERT's; give its "
-                         "tokenizer.json instead")
+    proto = read_sentencepiece(spiece_model, UNIGRAM)
     backend = Tokenizer(Unigram([(piece.piece, piece.score) for piece in proto.pieces],
                                 unk_id=proto.trainer_spec.unk_id, byte_fallback=False))
     steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
@@ -178,6 +168,69 @@ def unigram(spiece_model: str | os.PathLike, specials: dict[str, str], *, lowerc
                          f"{', '.join(specials.values())} among its pieces")
     backend.add_special_tokens(list(dict.fromkeys(specials.values())))
     set_bert_post_processor(backend, specials["cls_token"], specials["sep_token"])
+    return backend
+
+
+def read_sentencepiece(path: str | os.PathLike, layout: TokenizerLayout):
+    """The ModelProto of a SentencePiece Unigram .model file of `layout`; ImportError naming its extra,
+    or ValueError in one line naming the file when it is not a Unigram model (damaged, or another type)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError as err:
+        raise ImportError(f"reading {path} needs sentencepiece and protobuf ({err.name} is "
+                          f"not installed): pip install 'bertkit[{layout.extra}]', or save the tokenizer "
+                          "once with transformers to get a tokenizer.json") from None
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(Path(path).read_bytes())
+    except Exception as err:  # protobuf's DecodeError, or a file that is no model at all
+        message = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"cannot read {path} as a SentencePiece model ({message}); the file is damaged: "
+                         "copy it again from the model's source") from None
+    if proto.trainer_spec.model_type != 1:  # 1 = UNIGRAM
+        raise ValueError(f"{path} is a SentencePiece model of type {proto.trainer_spec.model_type}, not "
+                         f"Unigram (1) as {layout.tokenizer_class}'s; give its tokenizer.json instead")
+    return proto
+
+
+def deberta_spm(spm_model: str | os.PathLike, specials: dict[str, str], *, lowercase: bool = False,
+                split_by_punct: bool = False, add_prefix_space: bool = True) -> Tokenizer:
+    """DeBERTa-v2/v3's SentencePiece Unigram model (spm.model; v3 ships no tokenizer.json) as a
+    `tokenizers` pipeline, built as transformers' DebertaV2Tokenizer builds it from the same file
+    (5.25, which AutoTokenizer loads; its DebertaV2Converter differs only in where it strips):
+    the pieces and scores, unknown at [UNK]; lowercasing where do_lower_case, the model's
+    normalisation table (precompiled charsmap), right strip and runs of spaces as one (without a
+    table: whitespace runs and newlines as one space, NFC, right strip); punctuation isolated where
+    split_by_punct; "▁" word prefix; `[CLS] A [SEP] B [SEP]` with segments 0 / 1. Control
+    pieces are special; special tokens the model lacks ([MASK] in v3) are added after its pieces."""
+    from tokenizers import AddedToken, Regex
+    from tokenizers.models import Unigram
+
+    proto = read_sentencepiece(spm_model, DEBERTA_SPM)
+    pieces = [(piece.piece, piece.score) for piece in proto.pieces]
+    unk = specials.get("unk_token", UNK)
+    unk_id = next((i for i, (piece, score) in enumerate(pieces) if piece == unk and score == 0.0),
+                  proto.trainer_spec.unk_id)
+    backend = Tokenizer(Unigram(pieces, unk_id=unk_id, byte_fallback=False))
+    steps = [normalizers.Lowercase()] if lowercase else []
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    if charsmap:
+        steps += [normalizers.Precompiled(charsmap), normalizers.Strip(left=False, right=True),
+                  normalizers.Replace(Regex(" {2,}"), " ")]
+    else:
+        steps += [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
+                  normalizers.Strip(left=False, right=True)]
+    backend.normalizer = normalizers.Sequence(steps)
+    scheme = "always" if add_prefix_space else "first"
+    split = [pre_tokenizers.Punctuation(behavior="isolated")] if split_by_punct else []
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        split + [pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    backend.add_special_tokens([AddedToken(p.piece, normalized=False, special=True)
+                                for p in proto.pieces if p.type == 3])
+    backend.add_special_tokens([AddedToken(token, normalized=False, special=True)
+                                for token in dict.fromkeys({**SPECIAL_KEYS, **specials}.values())])
+    set_bert_post_processor(backend, specials.get("cls_token", CLS), specials.get("sep_token", SEP))
     return backend
 
 

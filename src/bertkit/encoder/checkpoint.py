@@ -34,7 +34,11 @@ and CamemBERT keep RoBERTa's names, ERNIE BERT's under `ernie.` (plus
 LayerNorm}` + `generator_lm_head.bias`, and its discriminator keeps `discriminator_predictions.*`. MPNet
 sits under `mpnet.`: its layers' `attention.attn.{q,k,v,o}` and `attention.LayerNorm` are the fused qkv,
 `attn_out` and `attn_norm`, its `encoder.relative_attention_bias` is `relative_bias`, its MLM head
-RoBERTa's `lm_head.*`. Task heads
+RoBERTa's `lm_head.*`. DeBERTa-v2 sits under `deberta.`: `attention.self.{query,key,value}_proj` are
+the fused qkv, `attention.self.pos_{key,query}_proj` the layer's `disentangled.*`, `encoder.rel_embeddings`
+and `encoder.LayerNorm` are `relative_bias.{embeddings,norm}`, `encoder.conv` the first layer's `conv`;
+its MLM head is BERT's `cls.predictions.*` or, with `legacy` false, `lm_predictions.lm_head.*` (both
+load), and the sequence classifier's `pooler.dense` is `context_pooler.dense`. Task heads
 keep their names (`classifier.dense`/`out_proj`, `pre_classifier`, `qa_outputs`) in both.
 ModernBERT's encoder sits under `model.`: `embeddings.tok_embeddings` is the word table, layer i
 is `layers.i.{attn.Wqkv (fused already), attn.Wo, attn_norm, mlp.Wi, mlp.Wo, mlp_norm}`, then
@@ -54,7 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -97,8 +101,12 @@ _OUR_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
 
 
 def name_map(config: BertConfig | None) -> NameMap:
-    """The tensor names of config's family on disk (BERT's without a config)."""
-    return (FAMILIES["bert"] if config is None else config.family).names
+    """The tensor names of config's family on disk (BERT's without a config); a DeBERTa config with
+    `legacy` false writes its MLM head as lm_predictions.lm_head (`NameMap.unlegacy_mlm`)."""
+    names = (FAMILIES["bert"] if config is None else config.family).names
+    if names.unlegacy_mlm and not config.legacy:
+        return replace(names, outer=names.unlegacy_mlm + names.outer)
+    return names
 
 
 def _swap(name: str, pairs: tuple[tuple[str, str], ...], reverse: bool = False) -> str:
@@ -127,6 +135,8 @@ def to_hf_state_dict(state: dict[str, torch.Tensor], config: BertConfig | None =
         under_head = name.startswith("bert.")
         prefix, rest = (names.prefix, name[5:]) if under_head else ("", name)
         layer = _OUR_LAYER.match(rest)
+        if layer and _swap(rest, names.outer) != rest:  # a layer's module stored outside the layers (DeBERTa's conv)
+            layer = None
         if layer:
             stem, part = _layer_stem(int(layer.group(1)), config), layer.group(2)
             if part in ("qkv.weight", "qkv.bias") and names.qkv:

@@ -11,6 +11,10 @@ positions start after it), `type_vocab_size` (1 for RoBERTa), `use_task_id` and
 `seq_classif_dropout`) are read into the BERT fields and written back under its names, and
 ALBERT's `classifier_dropout_prob` is `classifier_dropout`.
 
+DeBERTa-v2's settings (`relative_attention`, `position_buckets`, `pos_att_type`, `share_att_key`,
+`norm_rel_ebd`, `conv_kernel_size`, ...) are fields with its names, checked in `disentangled_config`;
+its `cls_dropout` is `classifier_dropout`.
+
 ModernBERT's keys (`hidden_activation`, `norm_eps`, `attention_dropout`, `mlp_dropout`) are read
 into the BERT fields and written back under its names; its own settings (`layer_types`,
 `local_attention`, `rope_parameters`, the bias switches, `classifier_pooling`, ...) are fields
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bertkit.constants import label_name
+from bertkit.encoder.disentangled_config import DEBERTA_ONLY, check_deberta, deberta_keys_in
 from bertkit.families import FAMILIES, Family, family_of
 from bertkit.util.fileio import atomic_write_json
 
@@ -167,6 +172,28 @@ class BertConfig:
     classifier_pooling: str = "cls"
     # Dropout after the embedding LayerNorm (None = hidden_dropout_prob, as BERT).
     embedding_dropout: float | None = None
+    # DeBERTa-v2/v3 (model_type "deberta-v2", `disentangled.py`; the others keep these defaults, which
+    # are transformers' DebertaV2Config's): relative positions in every layer (every release sets it) ...
+    relative_attention: bool = False
+    # ... over distances up to this (-1: max_position_embeddings), in this many log buckets (-1: none),
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    # absolute positions added to the embeddings (v2; v3 has none),
+    position_biased_input: bool = True
+    # the position terms, any of "c2p" and "p2c", through the layer's own Q and K (v3) or their own,
+    pos_att_type: list[str] | None = None
+    share_att_key: bool = False
+    # the relative table LayerNorm'd ("layer_norm", v3) or not ("none"),
+    norm_rel_ebd: str = "none"
+    # v2's convolution after the first layer (0: none),
+    conv_kernel_size: int = 0
+    conv_act: str = "tanh"
+    conv_groups: int = 1
+    # the sequence classifier's context pooler (dropout → dense → activation),
+    pooler_dropout: float = 0.0
+    pooler_hidden_act: str = "gelu"
+    # and the MLM head's names on disk: cls.predictions (legacy) or lm_predictions.lm_head.
+    legacy: bool = True
     # Every other key of the source config.json, written back on save.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -295,8 +322,9 @@ class BertConfig:
 
     @property
     def has_segments(self) -> bool:
-        """DistilBERT and ModernBERT have no segment embeddings: pairs are told apart by [SEP] alone."""
-        return self.family.segments
+        """DistilBERT and ModernBERT have no segment embeddings: pairs are told apart by [SEP] alone
+        (nor has a DeBERTa with type_vocab_size 0, as v3's)."""
+        return self.family.segments and self.type_vocab_size > 0
 
     @property
     def reads_segments(self) -> bool:
@@ -347,6 +375,8 @@ class BertConfig:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
+            if name == "type_vocab_size" and value == 0 and family.layers == "disentangled":
+                continue  # DeBERTa: no segment table
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
         if not problems and self.hidden_size % self.num_attention_heads:
@@ -391,7 +421,7 @@ class BertConfig:
                             "does not have; remove it or use model_type 'ernie'")
         if family.task_types and (not isinstance(self.task_type_vocab_size, int) or self.task_type_vocab_size <= 0):
             problems.append(f"task_type_vocab_size must be a positive integer, got {self.task_type_vocab_size!r}")
-        if family.relative_attention and (not isinstance(self.relative_attention_num_buckets, int)
+        if family.relative_attention == "bucketed" and (not isinstance(self.relative_attention_num_buckets, int)
                                           or self.relative_attention_num_buckets < 32):
             # transformers' MPNet buckets distances into 32 whatever the key says (relative.BUCKETS)
             problems.append(f"relative_attention_num_buckets {self.relative_attention_num_buckets!r} is below "
@@ -405,6 +435,12 @@ class BertConfig:
             for name, default in _MODERNBERT_ONLY.items():
                 if getattr(self, name) != default:
                     problems.append(f"{name} {getattr(self, name)!r} is ModernBERT's (model_type 'modernbert')")
+        if family.layers == "disentangled":
+            problems += check_deberta(self, ACTIVATIONS)
+        else:
+            for name, default in DEBERTA_ONLY.items():
+                if getattr(self, name) != default:
+                    problems.append(f"{name} {getattr(self, name)!r} is DeBERTa's (model_type 'deberta-v2')")
         if self.model_type == "distilbert":
             for name, fixed in family.fixed_fields.items():
                 if getattr(self, name) != fixed:
@@ -448,6 +484,8 @@ def _family_keys_in(values: dict[str, Any]) -> dict[str, Any]:
         return values
     if family.layers == "modern":
         values = _modernbert_keys_in(values, family)
+    if family.layers == "disentangled":
+        values = deberta_keys_in(values)
     for theirs, ours in family.config_keys.items():
         if theirs in values:
             value = values.pop(theirs)
@@ -533,6 +571,9 @@ def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
     if family.layers != "modern":
         for name in _MODERNBERT_ONLY:
             values.pop(name)
+    if family.layers != "disentangled":
+        for name in DEBERTA_ONLY:
+            values.pop(name)
     if not family.embedding_projection:
         values.pop("embedding_size")
     elif values["embedding_size"] is None:  # transformers would read its own default (128), not hidden_size
@@ -543,7 +584,7 @@ def _family_keys_out(values: dict[str, Any]) -> dict[str, Any]:
     if not family.task_types:
         for name in ("use_task_id", "task_type_vocab_size"):
             values.pop(name)
-    if not family.relative_attention:
+    if family.relative_attention != "bucketed":
         values.pop("relative_attention_num_buckets")
     for theirs, ours in family.config_keys.items():
         if ours in values:

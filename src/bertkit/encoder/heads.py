@@ -18,6 +18,8 @@ ModernBERT puts its prediction head (`modern.PredictionHead`: dense → act → 
 dropout before every classifier, and its sequence classifier reads the first token or the mean of
 all tokens (`classifier_pooling`):
   modernbert:   [CLS] state or mean → head → dropout → classifier
+  deberta-v2:   [CLS] state → context pooler (dropout at pooler_dropout → dense → pooler_hidden_act)
+                → dropout (cls_dropout, else hidden_dropout_prob) → classifier
 
 Shape letters: B batch, C choices, T sequence length, H hidden size, K labels.
 """
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.constants import IGNORE_INDEX
-from bertkit.encoder import modern, ops, tasks
+from bertkit.encoder import disentangled, modern, ops, tasks
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.model import BertForMaskedLM, BertForPreTraining, BertModel
@@ -74,6 +76,20 @@ class DenseClassificationHead(nn.Module):
         return self.out_proj(self.dropout(x))  # (B, K)
 
 
+class ContextPooler(nn.Module):
+    """DeBERTa's pooler, at the head (`pooler.dense` on disk): the [CLS] state → dropout → dense → activation."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dropout = nn.Dropout(config.pooler_dropout)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = disentangled.activation(config.pooler_hidden_act)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """first: (B, H) → (B, H)."""
+        return self.act(self.dense(self.dropout(first)))
+
+
 # The sentence heads of DenseClassificationHead, by the record's `sequence_classifier`.
 _DENSE_HEADS = {"dense_tanh": "tanh", "dense_gelu": "gelu"}
 
@@ -104,11 +120,12 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
         self.pre_classifier = (nn.Linear(config.hidden_size, config.hidden_size) if reads == "pre_classifier"
                                else None)
         self.head = modern.PredictionHead(config) if reads == "prediction_head" else None
+        self.context_pooler = ContextPooler(config) if reads == "context_pooler" else None
         if reads in _DENSE_HEADS:
             self.classifier = DenseClassificationHead(config, _DENSE_HEADS[reads])
         else:
             self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        for module in (self.classifier, self.pre_classifier, self.head):
+        for module in (self.classifier, self.pre_classifier, self.head, self.context_pooler):
             if module is not None:
                 module.apply(self.bert._init_weights)
 
@@ -124,6 +141,8 @@ class BertForSequenceClassification(PretrainedMixin, nn.Module):
             return self.classifier(first)
         if self.head is not None:  # ModernBERT
             return self.classifier(self.dropout(self.head(first)))
+        if self.context_pooler is not None:  # DeBERTa
+            return self.classifier(self.dropout(self.context_pooler(first)))
         if self.pre_classifier is not None:  # DistilBERT
             return self.classifier(self.dropout(F.relu(self.pre_classifier(first))))
         return self.classifier(self.dropout(pooled))
@@ -167,8 +186,9 @@ class BertForTokenClassification(PretrainedMixin, nn.Module):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
-        # DistilBERT's tagger drops out at its general `dropout`, not seq_classif_dropout.
-        self.dropout = (nn.Dropout(config.hidden_dropout_prob) if config.model_type == "distilbert"
+        # DistilBERT's tagger drops out at its general `dropout`, not seq_classif_dropout; DeBERTa's
+        # at hidden_dropout_prob, not cls_dropout.
+        self.dropout = (nn.Dropout(config.hidden_dropout_prob) if config.model_type in ("distilbert", "deberta-v2")
                         else _classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.head = modern.PredictionHead(config) if config.is_modernbert else nn.Identity()

@@ -40,6 +40,10 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
 - MPNet (Song et al. 2020): BERT's layers, positions numbered as RoBERTa's, no segments; every
   layer's attention adds one shared relative-position bias, bucketed by distance (`relative.py`),
   computed once per forward. Its MLM and classification heads are RoBERTa's. No NSP head.
+- DeBERTa-v2/v3 (He et al. 2021, 2023): BERT's layers whose attention adds content-to-position and
+  position-to-content terms read from relative embeddings that every layer projects, v2's
+  convolution on the first layer, its own embeddings (`disentangled.py` says how); a context
+  pooler at the sequence classifier (`heads.py`). No sentence head.
 - ALBERT (Lan et al. 2020): embeddings of width E = `embedding_size`, projected to H by
   `embed_proj` before the first layer; the MLM head maps H back to E, so its decoder is the tied
   (V, E) table. Layers share weights: `layers` holds num_hidden_groups × inner_group_num
@@ -67,9 +71,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.constants import IGNORE_INDEX
-from bertkit.encoder import fused, modern, ops, relative
+from bertkit.encoder import disentangled, fused, modern, ops, relative
 from bertkit.encoder.checkpoint import PretrainedMixin
 from bertkit.encoder.config import BertConfig
+from bertkit.encoder.inputs import check_inputs, check_packed
 from bertkit.encoder.packing import Packed, Padding
 
 
@@ -110,70 +115,6 @@ class PreTrainingOutput:
 class MaskedLMOutput:
     loss: torch.Tensor | None  # () mean cross-entropy over positions with a label
     logits: torch.Tensor  # (M, V) at labelled positions in row-major order, or (B, T, V)
-
-
-# ---------------------------------------------------------------------------------------------
-# Input checks (at the boundary: clear messages instead of index errors deep inside)
-# ---------------------------------------------------------------------------------------------
-def check_inputs(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                 attention_mask: torch.Tensor | None) -> None:
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be 2-D (batch, sequence), got shape {tuple(input_ids.shape)}")
-    batch, length = input_ids.shape
-    if batch == 0 or length == 0:
-        raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
-    if length > config.max_sequence_length:
-        raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
-                         f"{config.max_position_embeddings}{_offset_note(config)}; truncate to "
-                         f"{config.max_sequence_length} tokens or use sliding windows")
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= config.vocab_size:
-        bad = high if high >= config.vocab_size else low
-        raise ValueError(f"token id {bad} is outside the vocabulary (vocab_size {config.vocab_size}); "
-                         "was the input made with this model's tokenizer?")
-    for name, tensor in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
-        if tensor is not None and tensor.shape != input_ids.shape:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has "
-                             f"{tuple(input_ids.shape)}")
-    if token_type_ids is not None and config.reads_segments:
-        top = int(token_type_ids.max())
-        if top >= config.type_vocab_size or int(token_type_ids.min()) < 0:
-            raise ValueError(f"segment id {top} is out of range for type_vocab_size "
-                             f"{config.type_vocab_size}; single-segment models take token_type_ids of 0")
-    if attention_mask is not None:
-        empty = (attention_mask.sum(dim=1) == 0).nonzero()
-        if len(empty):
-            raise ValueError(f"row {int(empty[0])} of attention_mask has no tokens (all 0); "
-                             "every sequence needs at least [CLS]")
-
-
-def _offset_note(config: BertConfig) -> str:
-    if not config.position_offset:
-        return ""
-    return (f" less RoBERTa's position offset {config.position_offset}, i.e. "
-            f"{config.max_sequence_length} tokens")
-
-
-def check_packed(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                 packed: "Packed") -> None:
-    if input_ids.dim() != 1 or token_type_ids.shape != input_ids.shape:
-        raise ValueError(f"packed input_ids and token_type_ids must be 1-D of one length, got "
-                         f"{tuple(input_ids.shape)} and {tuple(token_type_ids.shape)}")
-    if sum(packed.lengths) != input_ids.shape[0]:
-        raise ValueError(f"packed lengths sum to {sum(packed.lengths)} but there are "
-                         f"{input_ids.shape[0]} tokens")
-    longest = max(packed.lengths)
-    if longest > config.max_sequence_length:
-        raise ValueError(f"sequence length {longest} exceeds max_position_embeddings "
-                         f"{config.max_position_embeddings}{_offset_note(config)}; truncate or use sliding windows")
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= config.vocab_size:
-        raise ValueError(f"token id {high if high >= config.vocab_size else low} is outside the vocabulary "
-                         f"(vocab_size {config.vocab_size}); was the input made with this model's tokenizer?")
-    if config.reads_segments and (int(token_type_ids.max()) >= config.type_vocab_size
-                                or int(token_type_ids.min()) < 0):
-        raise ValueError(f"segment id {int(token_type_ids.max())} is out of range for type_vocab_size "
-                         f"{config.type_vocab_size}; single-segment models take token_type_ids of 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,34 +191,47 @@ class EncoderLayer(nn.Module):
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
         self.act = ops.activation(config.hidden_act)
         self.post_op = fused.post_op(config.hidden_act)  # the activation fused into ffn_in at inference
+        # DeBERTa: the position terms of the scores (`disentangled.py`); v2's convolution, on the
+        # first layer only (set by BertModel)
+        relative_kind = config.family.relative_attention
+        self.disentangled = disentangled.DisentangledAttention(config) if relative_kind == "disentangled" else None
+        self.conv: disentangled.ConvLayer | None = None
 
     def attention(self, qkv: torch.Tensor, batch: int, length: int, key_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional multi-head attention: every token sees every real token, both sides."""
         q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)  # (B, T, 3, nh, hs)
                    .permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
                    .unbind(0))
-        y = ops.attention(q, k, v, key_mask,  # (B, 1, 1, T): padding keys hidden; no causal mask
-                          self.attention_dropout, self.training)  # (B, nh, T, hs)
+        if self.disentangled is not None:  # key_mask: DeBERTa's `disentangled.Positions`
+            y = self.disentangled(self, q, k, v, key_mask)  # (B, nh, T, hs)
+        else:
+            y = ops.attention(q, k, v, key_mask,  # (B, 1, 1, T): padding keys hidden; no causal mask
+                              self.attention_dropout, self.training)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(batch, length, -1)  # (B, T, H)
 
     def forward(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (N, H) packed real tokens when padding is not None, else (B*T, H) → the same shape.
         mask: MPNet's float scores mask (B or 1, nh, T, T) (`relative.RelativeBias.scores`: the
-        relative bias, -inf at padding keys) in place of the padding mask, or None."""
+        relative bias, -inf at padding keys) in place of the padding mask, or DeBERTa's Positions, or None."""
         qkv = fused.linear(self.qkv, x)  # (N, 3H)
         if padding is None:
             y = self.attention(qkv, batch, length, mask).view(batch * length, -1)  # (B*T, H)
         else:
             keys = padding.key_mask if mask is None else mask
             y = padding.unpad(self.attention(padding.pad(qkv), batch, length, keys))  # (N, H)
-        return self.feed_forward(x, y)
+        out = self.feed_forward(x, y)
+        rows = None if self.conv is None else disentangled.padded_rows(padding, batch, length, x.device)
+        return out if rows is None else self.conv(x, out, rows)
 
     def forward_packed(self, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x: (N, H) packed sequences → (N, H); attention never sees another sequence or padding.
-        bias: MPNet's relative bias (1, nh, T, T) for T ≥ the longest sequence, or None."""
+        bias: MPNet's relative bias (1, nh, T, T) for T ≥ the longest sequence, DeBERTa's Positions, or None."""
         qkv = fused.linear(self.qkv, x)  # (N, 3H)
-        return self.feed_forward(x, packed.attend(self, qkv, bias))
+        if self.disentangled is None:
+            return self.feed_forward(x, packed.attend(self, qkv, bias))
+        out = self.feed_forward(x, self.disentangled.attend_packed(self, qkv, packed, bias))  # (N, H)
+        return out if self.conv is None else self.conv(x, out, disentangled.packed_rows(packed))
 
     def forward_first(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -292,14 +246,23 @@ class EncoderLayer(nn.Module):
         qkv = qkv.view(batch, length, -1) if padding is None else padding.pad(qkv)  # (B, T, 3H)
         q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)
                    .permute(2, 0, 3, 1, 4).unbind(0))  # (B, nh, T, hs) each
-        key_mask = mask[:, :, :1] if mask is not None else None if padding is None else padding.key_mask
-        y = ops.attention(q[:, :, :1], k, v, key_mask, self.attention_dropout, self.training)  # (B, nh, 1, hs)
+        if self.disentangled is not None:
+            y = self.disentangled(self, q[:, :, :1], k, v, mask)  # (B, nh, 1, hs)
+        else:
+            key_mask = mask[:, :, :1] if mask is not None else None if padding is None else padding.key_mask
+            y = ops.attention(q[:, :, :1], k, v, key_mask, self.attention_dropout, self.training)  # (B, nh, 1, hs)
         first = x.view(batch, length, -1)[:, 0] if padding is None else x[padding.first_rows()]  # (B, H)
-        return self.feed_forward(first, y.reshape(batch, -1))  # (B, H)
+        out = self.feed_forward(first, y.reshape(batch, -1))  # (B, H)
+        rows = None if self.conv is None else disentangled.padded_rows(padding, batch, length, x.device, True)
+        return out if rows is None else self.conv(x, out, rows)
 
     def forward_packed_first(self, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`forward_packed`'s output at each sequence's first token only (see `forward_first`) → (B, H)."""
-        return self.feed_forward(x[packed.starts], packed.attend_first(self, fused.linear(self.qkv, x), bias))
+        qkv = fused.linear(self.qkv, x)  # (N, 3H)
+        if self.disentangled is None:
+            return self.feed_forward(x[packed.starts], packed.attend_first(self, qkv, bias))
+        out = self.feed_forward(x[packed.starts], self.disentangled.attend_packed(self, qkv, packed, bias, True))
+        return out if self.conv is None else self.conv(x, out, disentangled.packed_rows(packed, True))
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: x, y (N, H) → (N, H)."""
@@ -324,7 +287,9 @@ class BertModel(PretrainedMixin, nn.Module):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
-        self.embeddings = modern.Embeddings(config) if config.is_modernbert else Embeddings(config)
+        layers = config.family.layers
+        self.embeddings = {"modern": modern.Embeddings, "disentangled": disentangled.Embeddings}.get(
+            layers, Embeddings)(config)
         # ALBERT always has the projection (Hugging Face's embedding_hidden_mapping_in), even at E = H;
         # ELECTRA's embeddings_project exists where E differs from H.
         self.embed_proj = nn.Linear(config.embedding_dim, config.hidden_size) if config.has_embed_proj else None
@@ -333,8 +298,12 @@ class BertModel(PretrainedMixin, nn.Module):
         else:
             self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layer_weights))
         self.schedule = config.layer_schedule  # stored layer run at each depth (ALBERT repeats them)
-        # MPNet: one relative-position bias table for every layer's attention.
-        self.relative_bias = relative.RelativeBias(config) if config.family.relative_attention else None
+        if layers == "disentangled" and config.conv_kernel_size > 0:
+            self.layers[0].conv = disentangled.ConvLayer(config)
+        # MPNet: one relative-position bias table for every layer's attention; DeBERTa: relative
+        # embeddings every layer projects.
+        self.relative_bias = {"bucketed": relative.RelativeBias, "disentangled": disentangled.RelativeEmbeddings,
+                              None: lambda config: None}[config.family.relative_attention](config)
         # ModernBERT is pre-LN: a LayerNorm after the last layer.
         self.final_norm = modern.layer_norm(config) if config.is_modernbert else None
         self.pooler = (nn.Linear(config.hidden_size, config.hidden_size)

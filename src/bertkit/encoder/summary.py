@@ -4,7 +4,8 @@ Every family prints its own table: ALBERT's factorised embeddings (V × E, then 
 projection) and its shared layers, each stored layer listed once with the depths that run it;
 DistilBERT without segment table or pooler; RoBERTa's classifier as dense + out_proj;
 ModernBERT without position table (rotary), with its GeGLU width (Wi: H → 2I), each layer's
-attention kind and window, and the final LayerNorm. The total counts the tied decoder once, as
+attention kind and window, and the final LayerNorm; DeBERTa with its relative embeddings, each
+layer's position projections (without share_att_key) and v2's convolution. The total counts the tied decoder once, as
 transformers' `num_parameters()` does.
 """
 
@@ -65,12 +66,18 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
     if getattr(emb, "task_type_embeddings", None) is not None:
         rows.append((f"embeddings.task type ({config.task_type_vocab_size} × {dim})", _count(emb.task_type_embeddings)))
     rows.append(("embeddings.LayerNorm", _count(emb.norm)))
-    if encoder.embed_proj is not None:
-        rows.append((f"embedding projection ({dim} → {hidden})", _count(encoder.embed_proj)))
-    if encoder.relative_bias is not None:  # MPNet: one table that every layer's attention reads
-        bias = encoder.relative_bias
+    projection = encoder.embed_proj if encoder.embed_proj is not None else getattr(emb, "embed_proj", None)
+    if projection is not None:
+        rows.append((f"embedding projection ({dim} → {hidden})", _count(projection)))
+    bias = encoder.relative_bias
+    if isinstance(bias, nn.Embedding):  # MPNet: one table that every layer's attention reads
         rows.append((f"relative position bias ({bias.num_embeddings} × {bias.embedding_dim}, all layers)",
                      _count(bias)))
+    elif bias is not None and _count(bias):  # DeBERTa: relative embeddings that every layer projects
+        table = bias.embeddings
+        size = "none" if table is None else f"{table.num_embeddings} × {table.embedding_dim}"
+        rows.append((f"relative position embeddings ({size}{', LayerNorm' if bias.norm is not None else ''}, "
+                     "all layers)", _count(bias)))
     depths: dict[int, list[int]] = {}
     for depth, k in enumerate(encoder.schedule):
         depths.setdefault(k, []).append(depth)
@@ -84,8 +91,12 @@ def parameter_rows(model: nn.Module) -> list[tuple[str, int]]:
             rows.append((f"layer {i} GeGLU ({hidden} → 2 × {config.intermediate_size}, {config.intermediate_size} "
                          f"→ {hidden}, LayerNorm)", _count(layer.ffn_in, layer.ffn_out, layer.ffn_norm)))
             continue
-        rows.append((f"layer {i} attention (QKV, output, LayerNorm){shared}",
-                     _count(layer.qkv, layer.attn_out, layer.attn_norm)))
+        disentangled = getattr(layer, "disentangled", None)
+        extra = ", position projections" if disentangled is not None and _count(disentangled) else ""
+        rows.append((f"layer {i} attention (QKV{extra}, output, LayerNorm){shared}",
+                     _count(layer.qkv, layer.attn_out, layer.attn_norm, disentangled)))
+        if getattr(layer, "conv", None) is not None:
+            rows.append((f"layer {i} convolution (kernel {config.conv_kernel_size}, LayerNorm)", _count(layer.conv)))
         rows.append((f"layer {i} FFN ({hidden} → {config.intermediate_size} → {hidden}, LayerNorm){shared}",
                      _count(layer.ffn_in, layer.ffn_out, layer.ffn_norm)))
     if encoder.final_norm is not None:
@@ -136,6 +147,13 @@ def format_parameter_table(spec: str | Path, vocab_size: int | None = None) -> s
     elif config.is_modernbert:
         family = (f"; modernbert: rotary positions, {config.layer_types.count('full_attention')} global + "
                   f"{config.layer_types.count('sliding_attention')} local layers (window {config.local_attention})")
+    elif config.family.layers == "disentangled":
+        reach = config.max_relative_positions if config.max_relative_positions >= 1 else config.max_position_embeddings
+        buckets = (f"{config.position_buckets} log buckets" if config.position_buckets > 0
+                   else f"distances clipped at ±{reach}")
+        family = (f"; {config.model_type}: disentangled attention ({'+'.join(config.pos_att_type or []) or 'content'}, "
+                  f"{buckets}{', shared Q/K' if config.share_att_key else ''}"
+                  f"{', absolute positions' if config.position_biased_input else ''})")
     elif config.model_type != "bert":
         family = f"; {config.model_type}"
     lines = [f"{spec}: {architecture_name(type(model).__name__, config)} — {config.num_hidden_layers} layers, "

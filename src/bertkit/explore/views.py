@@ -399,6 +399,9 @@ def attention(explorer: Explorer, text: str, pair: str | None = None, pad: int =
     keys hidden (what BERT does) and without (what it would do with no mask)."""
     enc = explorer.encode(text, pair)
     config = explorer.model.config
+    if config.family.relative_attention == "disentangled":
+        raise ViewError(f"the attention view does not draw DeBERTa's disentangled attention yet (model_type "
+                        f"{config.model_type!r}); the other views take this model")
     depth = len(explorer.encoder.schedule)
     if not isinstance(layer, int) or not 0 <= layer < depth:
         raise ViewError(f"`layer` must be in 0..{depth - 1}, got {layer!r}")
