@@ -116,6 +116,7 @@ FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
     FinetuneTask("embed", "Model", "embed"),
     FinetuneTask("rerank", "ForSequenceClassification", "rerank"),
     FinetuneTask("sparse", "ForMaskedLM", "fill-mask"),  # SPLADE (bertkit.train.sparse)
+    FinetuneTask("colbert", "Model", "embed"),  # late interaction (bertkit.train.colbert)
 )}
 # The fine-tune tasks that `bertkit predict` runs over a file: the labelled ones (the retrieval
 # models have their own commands: `bertkit embed`, `index`, `rerank`).
