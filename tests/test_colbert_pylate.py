@@ -79,3 +79,15 @@ def test_pylate_reads_what_bertkit_trains():
     """trained/ was saved by `finetune --task colbert` from a plain BERT (the prefixes added, a
     projection made); PyLate's vectors of it (trained.npz) are bertkit's."""
     _compare(Colbert.load(FIXTURE / "trained"), np.load(FIXTURE / "trained.npz"))
+
+
+def test_a_dense_layer_saved_as_pytorch_model_bin_reads_the_same(tmp_path):
+    """Older PyLate and sentence-transformers saves: the Dense weights in pytorch_model.bin (read
+    with weights_only, so no code in it runs)."""
+    from safetensors.torch import load_file
+
+    model = _with_settings(tmp_path, {})
+    dense = model / "1_Dense"
+    torch.save(load_file(dense / "model.safetensors"), dense / "pytorch_model.bin")
+    (dense / "model.safetensors").unlink()
+    _compare(Colbert.load(model), np.load(FIXTURE / "expected.npz"), "default/")

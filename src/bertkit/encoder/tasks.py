@@ -6,7 +6,7 @@ A model directory names its head in config.json's `architectures`: a family pref
 tables join model types, classes and pipelines:
 
     kind (checkpoint)          bertkit class (Bert…)        engine use  service routes      fine-tune tasks
-    Model                      BertModel                    embed       embed, tokenize     embed
+    Model                      BertModel                    embed       embed, tokenize     embed, colbert
     ForPreTraining             …ForPreTraining              fill-mask   + fill-mask,        (pretrain)
                                                                           embed_sparse
     ForMaskedLM                …ForMaskedLM                 fill-mask   + fill-mask,        (pretrain), sparse
