@@ -121,6 +121,8 @@ def test_model_api_and_rerank(trained, data):
     assert isinstance(query, np.ndarray) and query.shape == (8, 12)
     documents = sentences(5, seed=2)
     vectors = model.encode_document(documents, convert_to_tensor=True)
+    chunked = model.encode_document(documents, convert_to_tensor=True, batch_size=2)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(vectors, chunked))
     expected = maxsim_scores(torch.from_numpy(query), vectors)
     ranked = model.rerank("cat dog", documents, return_documents=True)
     assert [r["index"] for r in ranked] == sorted(range(5), key=lambda i: -float(expected[i]))

@@ -250,7 +250,8 @@ class Model:
     def rerank(self, query: str, documents: Sequence[str], *, top_k: int | None = None,
                raw_scores: bool = False, return_documents: bool = False) -> list[dict[str, Any]]:
         """Documents by relevance to `query`, best first: [{"index", "score"}] (+ "text" with
-        return_documents), as sentence-transformers' CrossEncoder.rank scores them."""
+        return_documents), as sentence-transformers' CrossEncoder.rank scores them. A ColBERT
+        model scores by MaxSim of the token vectors instead (raw_scores changes nothing there)."""
         if self.colbert is not None:  # late interaction: MaxSim of the token vectors
             ranked = self.colbert.rerank(query, documents, top_k=top_k)
             return [{**row, "text": documents[row["index"]]} for row in ranked] if return_documents else ranked
@@ -298,9 +299,13 @@ class Model:
         return self._late(texts, False, convert_to_tensor, options)
 
     def _late(self, texts, is_query: bool, convert_to_tensor: bool, options: dict[str, Any]):
+        """A ColBERT model's token vectors; batch_size: texts per engine call, as `encode`."""
+        chunk = _chunk_size(options.pop("batch_size", None))
         if options:
             raise ValueError(f"options {sorted(options)} do not apply to a ColBERT model's token vectors")
-        rows = self.colbert.encode(texts, is_query=is_query)
+        items = as_texts(texts)
+        rows = [row for i in range(0, len(items), chunk)
+                for row in self.colbert.encode(items[i:i + chunk], is_query=is_query)]
         rows = rows if convert_to_tensor else [row.numpy() for row in rows]
         return rows[0] if isinstance(texts, str) else rows
 
