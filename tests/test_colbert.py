@@ -212,3 +212,31 @@ def test_cli_options(data, tmp_path, capsys):
     assert cli.main(["finetune", "--task", "colbert", *common, "--out", str(tmp_path / "z"),
                      "--flops-doc-weight", "1"]) == 2
     assert "--flops-doc-weight does not apply to --task colbert" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_the_key_mask_matches_transformers_attention_mask(family, tmp_path):
+    """transformers computes every position of a padded batch with the padding keys hidden, and
+    PyLate's queries read the [MASK] positions of that output: `encode_with_key_mask` gives it."""
+    transformers = pytest.importorskip("transformers")
+    from bertkit.encoder.model import BertModel
+
+    from modern_fixtures import make_modernbert
+
+    if family == "bert":
+        torch.manual_seed(0)
+        config = transformers.BertConfig(vocab_size=50, hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                         intermediate_size=37, max_position_embeddings=32)
+        transformers.BertModel(config).eval().save_pretrained(tmp_path)
+        reference = transformers.BertModel.from_pretrained(tmp_path).eval()
+    else:
+        make_modernbert(tmp_path, kind="Model")
+        reference = transformers.ModernBertModel.from_pretrained(tmp_path).eval()
+    ours = BertModel.from_pretrained(tmp_path).eval()
+    torch.manual_seed(1)
+    input_ids = torch.randint(5, 50, (3, 20))
+    keys = torch.arange(20)[None] < torch.tensor([20, 9, 4])[:, None]  # (3, 20): real tokens first
+    with torch.no_grad():
+        theirs = reference(input_ids=input_ids, attention_mask=keys.long()).last_hidden_state
+        mine = encode_with_key_mask(ours, input_ids, torch.zeros_like(input_ids), keys)
+    assert torch.allclose(mine, theirs, atol=1e-5), float((mine - theirs).abs().max())

@@ -35,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.encoder import modern
 from bertkit.encoder.model import BertModel, encoder_of
+from bertkit.encoder.packing import Padding
 from bertkit.encoder.sentence_transformers import ColbertSettings, DenseLayer, dense_weights
 from bertkit.inference.common import as_texts
 from bertkit.inference.engine import Batch, Engine
@@ -236,20 +238,24 @@ def encode_with_key_mask(encoder: BertModel, input_ids: torch.Tensor, token_type
     the keys of `key_mask`: (B, T) long ids and segments, (B, T) bool key mask → (B, T, H) states.
 
     A padding mask (`BertModel.forward`'s attention_mask) would also drop the masked positions'
-    own states; ColBERT's expansion tokens need theirs, while no token may read them. Training
-    calls it too (with gradients). BERT-style layers only: ModernBERT's and MPNet's attention take
-    other masks.
+    own states; ColBERT's expansion tokens need theirs, while no token may read them. So the
+    layers get a `Padding` whose rows are every position and whose key mask is `key_mask`: the
+    same attention masks (ModernBERT's local band and MPNet's relative bias included) and layers
+    as `BertModel.forward`, over every row. Training calls it too (with gradients).
     """
-    config = encoder.config
-    if encoder.final_norm is not None or encoder.relative_bias is not None:
-        raise ValueError(f"ColBERT queries with attend_to_expansion_tokens false are not implemented for "
-                         f"{config.model_type}; set attend_to_expansion_tokens true in "
-                         "config_sentence_transformers.json (or train with it)")
     batch, length = input_ids.shape
+    device = input_ids.device
+    keys = Padding(index=torch.arange(batch * length, device=device), key_mask=key_mask[:, None, None, :].bool(),
+                   batch=batch, length=length)
     x = encoder.embeddings(input_ids, token_type_ids).view(batch * length, -1)  # (B*T, E)
     if encoder.embed_proj is not None:
         x = encoder.embed_proj(x)  # (B*T, H)
-    keys = key_mask[:, None, None, :]  # (B, 1, 1, T): the same keys for every query row and head
+    if encoder.final_norm is not None:  # ModernBERT: rotary positions, then the final norm
+        rope = modern.rope_tables(encoder.layers, torch.arange(length, device=device))
+        for layer in encoder.layers:
+            x = layer(x, keys, batch, length, rope[layer.layer_type])  # (B*T, H)
+        return encoder.final_norm(x).view(batch, length, -1)  # (B, T, H)
+    mask = None if encoder.relative_bias is None else encoder.relative_bias.scores(length, keys)
     for i in encoder.schedule:
-        x = encoder.layers[i](x, None, batch, length, keys)  # (B*T, H)
+        x = encoder.layers[i](x, keys, batch, length, mask)  # (B*T, H)
     return x.view(batch, length, -1)  # (B, T, H)
