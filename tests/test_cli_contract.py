@@ -450,3 +450,30 @@ def _sys_refuses_writes() -> bool:
         return True
     Path("/sys/bertkit-contract-test").rmdir()
     return False
+
+
+# Flags that change what a command reads, beyond the matrix's one form per command.
+LATE_INTERACTION = {  # rerank --late-interaction: case → (the model, the extra arguments, what the line names)
+    "wrong_model_kind": ("{PT}", [], "is not a ColBERT model"),
+    "missing_input": ("{TMP}/no-such-model", [], "no-such-model"),
+    "file_for_model": ("{PT}/config.json", [], "is a file, not a model directory"),
+    "file_input": ("{PT}", ["--input", "{TEXTS}", "--out", "{TMP}/r.jsonl"], "--input does not go with"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LATE_INTERACTION))
+def test_rerank_late_interaction_contract(case, assets, tmp_path, capsys):
+    model, extra, named = LATE_INTERACTION[case]
+    values = {"PT": str(assets["PT"]), "TEXTS": str(assets["TEXTS"]), "TMP": str(tmp_path)}
+    argv = ["rerank", model.format(**values), "--query", "a cat", "the cat sees the ball", "--late-interaction",
+            *[arg.format(**values) for arg in extra], "--threads", "1"]
+    before = snapshot(tmp_path, assets["PT"].parent)
+    threads = torch.get_num_threads()
+    try:
+        status = cli.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("bertkit rerank: error: ")
+    assert named.format(**values) in lines[0]
+    assert snapshot(tmp_path, assets["PT"].parent) == before

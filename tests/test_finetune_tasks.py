@@ -85,7 +85,7 @@ def _retrieval_pairs(path, rng):
 
 
 DATA = {"classify": _labelled, "pair": _pairs, "ner": _tagged, "qa": _squad, "embed": _retrieval_pairs,
-        "rerank": _retrieval_pairs, "sparse": _retrieval_pairs}
+        "rerank": _retrieval_pairs, "sparse": _retrieval_pairs, "colbert": _retrieval_pairs}
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,9 @@ unit length on top. For a directory without those files it pools the mean withou
 sentence-transformers does for a plain BERT; `bertkit embed` and `inference.embed` return unit
 vectors there instead (their default suits search).
 
+A ColBERT directory (PyLate's layout) also has `encode_query` / `encode_document` (per-text
+(T, D) token vectors, sentence-transformers v5's names) and `rerank` by MaxSim (`inference.colbert`).
+
 Results are plain Python: dicts with the keys the service's JSON uses, so they print and serialise
 as they are.
 """
@@ -37,6 +40,7 @@ from bertkit import inference
 from bertkit.encoder import tasks
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.sentence_transformers import sentence_transformers_settings
+from bertkit.inference.colbert import LATE_INTERACTION_NEEDS, Colbert
 from bertkit.inference.common import as_texts
 from bertkit.inference.embed import resolve_prompt
 from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
@@ -80,7 +84,9 @@ def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
                                    threads=threads, truncate=truncate)
     if max_length is not None:
         options["max_length"] = max_length
-    return Model(Engine.load(directory, use=use, **options), **sentence_transformers_settings(directory))
+    model = Model(Engine.load(directory, use=use, **options), **sentence_transformers_settings(directory))
+    model.colbert = Colbert.of(model.engine)
+    return model
 
 
 def load_adapters(base: str | os.PathLike, adapters: Mapping[str, str | os.PathLike], *,
@@ -112,7 +118,10 @@ class Model:
 
     prompts, default_prompt_name, truncate_dim: what a sentence-transformers model's
     config_sentence_transformers.json says (`encode` uses them as sentence-transformers does).
+    colbert: the late-interaction side of a ColBERT directory (`inference.colbert`; `load` finds it).
     """
+
+    colbert: Colbert | None = None
 
     def __init__(self, engine: Engine, *, prompts: dict[str, str] | None = None,
                  default_prompt_name: str | None = None, truncate_dim: int | None = None):
@@ -272,7 +281,11 @@ class Model:
     def rerank(self, query: str, documents: Sequence[str], *, top_k: int | None = None,
                raw_scores: bool = False, return_documents: bool = False) -> list[dict[str, Any]]:
         """Documents by relevance to `query`, best first: [{"index", "score"}] (+ "text" with
-        return_documents), as sentence-transformers' CrossEncoder.rank scores them."""
+        return_documents), as sentence-transformers' CrossEncoder.rank scores them. A ColBERT
+        model scores by MaxSim of the token vectors instead (raw_scores changes nothing there)."""
+        if self.colbert is not None:  # late interaction: MaxSim of the token vectors
+            ranked = self.colbert.rerank(query, documents, top_k=top_k)
+            return [{**row, "text": documents[row["index"]]} for row in ranked] if return_documents else ranked
         self._need("rerank")
         ranked = inference.rerank(self.engine, query, documents, top_k=top_k, raw_scores=raw_scores)
         if return_documents:
@@ -296,6 +309,43 @@ class Model:
         out = inference.qa(self.engine, questions, contexts, top_k=top_k, allow_no_answer=allow_no_answer,
                            **settings)
         return out[0] if single else out
+
+    def encode_query(self, texts: str | Sequence[str], *, convert_to_tensor: bool = False, **options: Any):
+        """Queries as sentence-transformers v5's `encode_query`. A ColBERT model: (T, D) float32 token
+        vectors per text ([Q] prefix, [MASK] expansion to query_length, unit rows), NumPy unless
+        convert_to_tensor; one string gives one array. A dense model: `encode` with its "query"
+        prompt, if it has one (`options` go to `encode`)."""
+        if self.colbert is None:
+            named = {"prompt_name": "query"} if "query" in self.prompts and "prompt" not in options else {}
+            return self.encode(texts, convert_to_tensor=convert_to_tensor, **{**named, **options})
+        return self._late(texts, True, convert_to_tensor, options)
+
+    def encode_document(self, texts: str | Sequence[str], *, convert_to_tensor: bool = False, **options: Any):
+        """Documents as sentence-transformers v5's `encode_document`. A ColBERT model: (T, D) float32
+        token vectors per text ([D] prefix, cut at document_length, punctuation dropped, unit
+        rows). A dense model: `encode` with its "document" prompt, if it has one."""
+        if self.colbert is None:
+            named = {"prompt_name": "document"} if "document" in self.prompts and "prompt" not in options else {}
+            return self.encode(texts, convert_to_tensor=convert_to_tensor, **{**named, **options})
+        return self._late(texts, False, convert_to_tensor, options)
+
+    def _late(self, texts, is_query: bool, convert_to_tensor: bool, options: dict[str, Any]):
+        """A ColBERT model's token vectors; batch_size: texts per engine call, as `encode`."""
+        chunk = _chunk_size(options.pop("batch_size", None))
+        if options:
+            raise ValueError(f"options {sorted(options)} do not apply to a ColBERT model's token vectors")
+        items = as_texts(texts)
+        rows = [row for i in range(0, len(items), chunk)
+                for row in self.colbert.encode(items[i:i + chunk], is_query=is_query)]
+        rows = rows if convert_to_tensor else [row.numpy() for row in rows]
+        return rows[0] if isinstance(texts, str) else rows
+
+    def require_late_interaction(self) -> Colbert:
+        """This model's ColBERT side, or a one-line ValueError naming what late interaction needs."""
+        if self.colbert is None:
+            where = self.engine.model_dir or "this model"
+            raise ValueError(f"{where} is not a ColBERT model; late interaction needs {LATE_INTERACTION_NEEDS}")
+        return self.colbert
 
     def encode_sparse(self, texts: str | Sequence[str], *, batch_size: int | None = None,
                       max_active_dims: int | None = None, prompt_name: str | None = None,

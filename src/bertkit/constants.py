@@ -12,7 +12,7 @@ from __future__ import annotations
 # `bertkit finetune --task`: the heads trained on labelled files (classify, pair, ner, qa), then the
 # retrieval models (a bi-encoder, a cross-encoder, SPLADE over the MLM head).
 LABELLED_TASKS = ("classify", "pair", "ner", "qa")
-FINETUNE_TASKS = LABELLED_TASKS + ("embed", "rerank", "sparse")
+FINETUNE_TASKS = LABELLED_TASKS + ("embed", "rerank", "sparse", "colbert")
 # `bertkit distill --task` (task distillation; general distillation takes no task).
 DISTILL_TASKS = ("classify", "ner")
 

@@ -1,5 +1,5 @@
 """Fine-tuning: finetune (every task of the library's table: classify, pair, ner, qa, embed, rerank,
-sparse), predict with the result, and the built-in labelled data sets to try it on."""
+sparse, colbert), predict with the result, and the built-in labelled data sets to try it on."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--task", required=True, choices=FINETUNE_TASKS,
                    help="embed: a bi-encoder (in-batch negatives); rerank: a cross-encoder (--loss on "
                    "mined negatives); their data: JSONL {query, positive, negatives?} or TSV "
-                   "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval")
+                   "query, document, label, or builtin:en-news-retrieval / zh-news-retrieval; colbert: "
+                   "late interaction (MaxSim over token vectors), saved in PyLate's layout")
     g.add_argument("--model", required=True,
                    help="model directory, or preset (tiny … large) for random init")
     g.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
@@ -117,6 +118,17 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                    help="sparse: λ_d of the FLOPS regulariser on documents (1e-4, SPLADE v2)")
     g.add_argument("--flops-warmup-ratio", type=float,
                    help="sparse: share of the steps over which both λ rise quadratically from 0 (1/3)")
+
+    g = p.add_argument_group("colbert (late interaction, PyLate's layout; also --hard-negatives, --mine bm25|none, "
+                             "--max-length: document pieces)")
+    g.add_argument("--query-length", type=int,
+                   help="colbert: query pieces, [MASK]-padded (the model's own, else 32 as PyLate)")
+    g.add_argument("--embedding-size", type=int,
+                   help="colbert: token-vector size of a new projection (128, PyLate's)")
+    g.add_argument("--temperature", type=float, help="colbert: MaxSim / temperature = logit (1.0, PyLate's)")
+    g.add_argument("--distill-from", metavar="DIR",
+                   help="colbert: a cross-encoder whose scores of each query's candidates the model learns "
+                   "(KL, PyLate's Distillation loss) instead of the contrastive loss")
 
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora", metavar="SPEC",

@@ -471,16 +471,38 @@ def _add_rerank(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--query", required=True)
     p.add_argument("--top-k", type=int, default=None, help="keep the best K (default all)")
     p.add_argument("--raw-scores", action="store_true", help="logits instead of sigmoid scores")
+    p.add_argument("--late-interaction", action="store_true",
+                   help="MODEL is a ColBERT model (PyLate's layout): score by MaxSim of query and document "
+                   "token vectors instead of a cross-encoder (texts on the command line)")
     p.set_defaults(func=_run_rerank)
 
 
 def _run_rerank(args: argparse.Namespace) -> None:
     from bertkit.inference import rerank
 
+    if args.late_interaction:
+        return _run_late_interaction(args)
     engine = _use_engine(args, "rerank", query=args.query, raw_scores=args.raw_scores)
     if engine is None:
         return
     ranked = rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores)
+    if args.json:
+        return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
+    for r in ranked:
+        print(f"{r['score']:8.4f}  [{r['index']}] {args.texts[r['index']]}")
+
+
+def _run_late_interaction(args: argparse.Namespace) -> None:
+    """rerank --late-interaction: the documents on the command line by MaxSim with the query."""
+    from bertkit.inference.colbert import Colbert
+
+    for flag, given in (("--input", args.input), ("--adapter", args.adapter), ("--raw-scores", args.raw_scores)):
+        if given:
+            raise ValueError(f"{flag} does not go with --late-interaction; give the documents on the command line")
+    _inputs(args)
+    colbert = Colbert.load(args.model, precision=args.precision, max_batch_tokens=args.max_batch_tokens,
+                           device=args.device)
+    ranked = colbert.rerank(args.query, args.texts, top_k=args.top_k)
     if args.json:
         return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
     for r in ranked:

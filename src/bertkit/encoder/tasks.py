@@ -6,7 +6,7 @@ A model directory names its head in config.json's `architectures`: a family pref
 tables join model types, classes and pipelines:
 
     kind (checkpoint)          bertkit class (Bert…)        engine use  service routes      fine-tune tasks
-    Model                      BertModel                    embed       embed, tokenize     embed
+    Model                      BertModel                    embed       embed, tokenize     embed, colbert
     ForPreTraining             …ForPreTraining              fill-mask   + fill-mask,        (pretrain)
                                                                           embed_sparse
     ForMaskedLM                …ForMaskedLM                 fill-mask   + fill-mask,        (pretrain), sparse
@@ -116,6 +116,7 @@ FINETUNE_TASKS: dict[str, FinetuneTask] = {t.name: t for t in (
     FinetuneTask("embed", "Model", "embed"),
     FinetuneTask("rerank", "ForSequenceClassification", "rerank"),
     FinetuneTask("sparse", "ForMaskedLM", "fill-mask"),  # SPLADE (bertkit.train.sparse)
+    FinetuneTask("colbert", "Model", "embed"),  # late interaction (bertkit.train.colbert)
 )}
 # The fine-tune tasks that `bertkit predict` runs over a file: the labelled ones (the retrieval
 # models have their own commands: `bertkit embed`, `index`, `rerank`).

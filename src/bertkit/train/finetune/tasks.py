@@ -10,6 +10,7 @@
     embed     bi-encoder (train.retrieval) RetrievalTrainConfig  —             ln(batch)               —
     rerank    cross-encoder (retrieval)    RetrievalTrainConfig  —             ln(1 + negatives), ln 2 first stage
     sparse    SPLADE (train.sparse)        SparseTrainConfig     —             ln(batch × (1 + hard))  —
+    colbert   ColBERT (train.colbert)      ColbertTrainConfig    —             ln(batch × (1 + hard))  —
 
 The head a task trains and the use that runs its result stay in the head table
 (`encoder.tasks.FINETUNE_TASKS`, which the layers below training read); the names are
@@ -25,14 +26,14 @@ from functools import partial
 from typing import Any, Callable
 
 from bertkit.encoder import tasks as heads
-from bertkit.train import retrieval, sparse
+from bertkit.train import colbert, retrieval, sparse
 from bertkit.train.finetune.config import FinetuneConfig
 from bertkit.train.finetune.loop import train_labelled
 from bertkit.train.finetune.task import ClassifyTask, NerTask, QATask, Task
 from bertkit.train.retrieval import biencoder, crossencoder
 from bertkit.util import distributed
 
-Settings = Any  # the row's settings class: FinetuneConfig, RetrievalTrainConfig or SparseTrainConfig
+Settings = Any  # the row's settings class: FinetuneConfig, RetrievalTrainConfig, SparseTrainConfig, ...
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def _finetune_config(options: dict[str, Any]) -> tuple[FinetuneConfig, dict[str,
     """FinetuneConfig from the options (its defaults for those left out), and the retrieval
     options apart; the SPLADE options are refused."""
     _refuse(options, sparse.SPARSE_OPTIONS, "sparse", options.get("task"))
+    _refuse(options, colbert.COLBERT_OPTIONS, "colbert", options.get("task"))
     extra = {k: v for k, v in options.items() if k in retrieval.RETRIEVAL_OPTIONS}
     return FinetuneConfig(**{k: v for k, v in options.items() if k not in extra}), extra
 
@@ -93,6 +95,18 @@ def _sparse_from_finetune(config: FinetuneConfig) -> sparse.SparseTrainConfig:
     return _sparse_options({k: v for k, v in dataclasses.asdict(config).items() if k in shared})
 
 
+def _colbert_options(options: dict[str, Any]) -> colbert.ColbertTrainConfig:
+    """ColbertTrainConfig's own defaults for the options left out."""
+    return colbert.config_from_options({k: v for k, v in options.items() if k != "task"})
+
+
+def _colbert_from_finetune(config: FinetuneConfig) -> colbert.ColbertTrainConfig:
+    """The fields a FinetuneConfig shares with ColbertTrainConfig (max_length: the documents'
+    pieces); the rest keep their defaults."""
+    shared = {f.name for f in dataclasses.fields(colbert.ColbertTrainConfig)} - {"task"}
+    return _colbert_options({k: v for k, v in dataclasses.asdict(config).items() if k in shared})
+
+
 def _labelled(name: str, task_class: type[Task]) -> TaskRow:
     """A task on labelled data: the one loop, with `task_class` reading and scoring them."""
     return TaskRow(name, trainer=partial(train_labelled, task_class=task_class), settings=FinetuneConfig,
@@ -116,6 +130,8 @@ TASK_ROWS: dict[str, TaskRow] = {row.name: row for row in (
     _retrieval("rerank", crossencoder),
     TaskRow("sparse", trainer=sparse.run, settings=sparse.SparseTrainConfig, from_options=_sparse_options,
             from_finetune=_sparse_from_finetune, chance_loss=sparse.chance_loss, baseline=sparse.baseline),
+    TaskRow("colbert", trainer=colbert.run, settings=colbert.ColbertTrainConfig, from_options=_colbert_options,
+            from_finetune=_colbert_from_finetune, chance_loss=colbert.chance_loss, baseline=colbert.baseline),
 )}
 # The Task class of each labelled task (distillation reads and scores its data with them).
 TASK_CLASSES: dict[str, type[Task]] = {name: row.task_class for name, row in TASK_ROWS.items() if row.task_class}
