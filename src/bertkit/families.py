@@ -354,6 +354,15 @@ def family_of(model_type: str) -> Family:
                          f"({', '.join(FAMILIES)}); convert the checkpoint to one of them") from None
 
 
+def family_storing(kind: str) -> Family:
+    """The family whose checkpoints store the head `kind` under another name (`head_kinds`), e.g.
+    the replaced-token detector that ELECTRA saves as …ForPreTraining."""
+    found = [family for family in FAMILIES.values() if kind in family.head_kinds.values()]
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} families store a {kind} head; expected exactly one")
+    return found[0]
+
+
 def tokenizer_layout(tokenizer_class: str | None, model_type: str | None) -> TokenizerLayout:
     """The tokenizer files and defaults of a directory's family: by tokenizer_config.json's
     tokenizer_class (RobertaTokenizerFast…) where a family's tokenizer has its own special tokens,

@@ -42,6 +42,7 @@ from bertkit.encoder.checkpoint import load_into, read_state_dict
 from bertkit.encoder.config import BertConfig
 from bertkit.encoder.heads import BertForReplacedTokenDetection
 from bertkit.encoder.model import BertForMaskedLM, PreTrainingOutput, mlm_logits_and_loss
+from bertkit.families import family_storing
 
 GENERATOR_DIR = "generator"
 # The paper's weight of the discriminator's loss (§3.1: "we use λ = 50").
@@ -56,7 +57,8 @@ def electra_configs(config: BertConfig, generator_size: float = GENERATOR_SIZE
     `generator_size` in hidden width, heads and feed-forward width, with the same embeddings."""
     if not 0 < generator_size <= 1:
         raise ValueError(f"generator_size must be in (0, 1], got {generator_size!r}")
-    discriminator = config if config.model_type == "electra" else config.replace(model_type="electra")
+    electra = family_storing("ForReplacedTokenDetection").model_type
+    discriminator = config if config.model_type == electra else config.replace(model_type=electra)
     heads = max(1, round(discriminator.num_attention_heads * generator_size))
     hidden = round(discriminator.hidden_size * generator_size)
     if hidden % heads:
