@@ -74,7 +74,8 @@ def pretrain_command(data: Path, out: Path, objective: str, steps: int, seed: in
     return [*BERTKIT, "pretrain", "--data", str(data), "--out", str(out), "--model", args.model,
             "--objective", objective, "--max-steps", str(steps), "--batch-size", str(args.batch_size),
             "--lr", str(args.lr), "--schedule", "constant", "--warmup-steps", str(min(args.warmup, steps)),
-            "--seed", str(seed), "--save-every", "200", "--threads", str(args.threads), "--no-progress"]
+            "--seed", str(seed), "--save-every", "200", "--threads", str(args.threads),
+            "--precision", args.precision, "--no-progress"]
 
 
 def calibrate(work: Path, data: Path, objective: str, args: argparse.Namespace) -> float:
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=5e-4, help="pre-training rate (constant after warm-up)")
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="pre-training precision; auto is measured once here and pinned for every run")
     p.add_argument("--calibration-steps", type=int, default=10)
     p.add_argument("--max-documents", type=int, default=None, help="a prefix of the corpus (a quick check)")
     p.add_argument("--train-size", type=int, default=1000, help="zh-ner training sentences")
@@ -128,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     began = time.time()
+    if args.precision == "auto":  # one measurement for all runs: a per-run probe could differ between them
+        import torch
+
+        from bertkit.backend.precision import resolve_precision
+
+        torch.set_num_threads(args.threads)
+        args.precision = resolve_precision("auto", "cpu")
+        print(f"precision: {args.precision} (measured)", flush=True)
 
     data = prepare_data(work, args.max_documents)
     splits = {"train": load_labelled("zh-ner", "train")[:args.train_size],

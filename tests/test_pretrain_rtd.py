@@ -28,6 +28,7 @@ def test_generator_is_scaled_and_shares_the_embeddings() -> None:
     config = BertConfig.resolve("mini", vocab_size=120)
     discriminator, generator = electra_configs(config, 0.5)
     assert discriminator.model_type == "electra"
+    assert discriminator.embedding_dim == discriminator.hidden_size == config.hidden_size  # BERT's shape kept
     assert (generator.hidden_size, generator.num_attention_heads) == (discriminator.hidden_size // 2,
                                                                       discriminator.num_attention_heads // 2)
     model = ReplacedTokenDetection(config, 0.5)

@@ -58,7 +58,10 @@ def electra_configs(config: BertConfig, generator_size: float = GENERATOR_SIZE
     if not 0 < generator_size <= 1:
         raise ValueError(f"generator_size must be in (0, 1], got {generator_size!r}")
     electra = family_storing("ForReplacedTokenDetection").model_type
-    discriminator = config if config.model_type == electra else config.replace(model_type=electra)
+    # Another family's config becomes an ELECTRA of the same shape, its embedding width included
+    # (ELECTRA's family default would otherwise factorise the embeddings to 128).
+    discriminator = (config if config.model_type == electra
+                     else config.replace(model_type=electra, embedding_size=config.embedding_dim))
     heads = max(1, round(discriminator.num_attention_heads * generator_size))
     hidden = round(discriminator.hidden_size * generator_size)
     if hidden % heads:
