@@ -55,6 +55,7 @@ from bertkit.train import state as train_state
 from bertkit.train.colbert_model import ColbertNet, build_colbert
 from bertkit.train.optim import default_lr
 from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, evaluation_set, optimizer_step, read_pairs
+from bertkit.train.retrieval.common import config_from_options as common_config_from_options
 from bertkit.train.sparse import mine_negatives
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
 
@@ -133,16 +134,8 @@ class ColbertTrainConfig:
 
 
 def config_from_options(options: dict[str, Any]) -> ColbertTrainConfig:
-    """A ColbertTrainConfig from `bertkit finetune`'s options (those given; the rest keep this
-    class's defaults); an option of another task is refused, named as its flag."""
-    shared = {f.name for f in dataclasses.fields(ColbertTrainConfig)}
-    unknown = [k for k in options if k not in shared]
-    if unknown:
-        raise ValueError(f"--{unknown[0].replace('_', '-')} does not apply to --task colbert")
-    values = dict(options)
-    if values.get("device") == "auto":
-        values["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    return ColbertTrainConfig(**values)
+    """A ColbertTrainConfig from `bertkit finetune`'s options (`retrieval.common.config_from_options`)."""
+    return common_config_from_options(ColbertTrainConfig, options, "colbert")
 
 
 # ---------------------------------------------------------------------------------------------

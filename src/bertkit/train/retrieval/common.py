@@ -256,3 +256,15 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, schedule, ma
     schedule.step()
     optimizer.zero_grad(set_to_none=True)
 
+
+def config_from_options(cls: type, options: dict[str, Any], task: str):
+    """A trainer's config dataclass `cls` from `bertkit finetune`'s options (those given; the rest
+    keep the class's defaults); an option of another task is refused, named as its flag."""
+    shared = {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in options if k not in shared]
+    if unknown:
+        raise ValueError(f"--{unknown[0].replace('_', '-')} does not apply to --task {task}")
+    values = dict(options)
+    if values.get("device") == "auto":
+        values["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    return cls(**values)
