@@ -105,9 +105,18 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--mine", choices=["bm25", "biencoder", "none"],
                    help="rerank: where negatives beyond a row's own come from (bm25)")
     g.add_argument("--mine-model", help="rerank: bi-encoder dir for --mine biencoder")
-    g.add_argument("--loss", choices=["listwise", "bce"],
+    g.add_argument("--loss", choices=["listwise", "bce", "mnrl", "cached-mnrl", "cosent", "angle", "margin-mse", "kl"],
                    help="rerank: listwise (softmax over a query's positive and negatives; "
-                   "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise)")
+                   "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise); "
+                   "embed: mnrl (in-batch and hard negatives), cached-mnrl (the same by GradCache, "
+                   "memory flat in --batch-size), cosent / angle (JSONL sentence1, sentence2, score), "
+                   "margin-mse / kl (a --teacher's scores) (mnrl)")
+    g.add_argument("--mini-batch-size", type=int, help="embed, cached-mnrl: texts embedded at a time (32)")
+    g.add_argument("--matryoshka-dims", help="embed: the loss also on these prefixes of the embedding, "
+                   "re-normalised, and the evaluation at each, e.g. 768,256,64")
+    g.add_argument("--teacher", help="embed, margin-mse / kl: a cross-encoder directory whose scores of "
+                   "every (query, passage) pair are the targets (cached in OUT/teacher_scores.json)")
+    g.add_argument("--temperature", type=float, help="embed, kl: temperature of both softmaxes (1.0)")
 
     g = p.add_argument_group("sparse (SPLADE, from a masked-LM model; also --hard-negatives, --mine bm25|none)")
     g.add_argument("--flops-query-weight", type=float,
