@@ -13,6 +13,7 @@ from bertkit.constants import FINETUNE_TASKS, LABELLED_TASKS, TRAINED_POOLINGS
 
 def add(sub: argparse._SubParsersAction) -> None:
     _add_finetune(sub)
+    _add_mine_negatives(sub)
     _add_predict(sub)
     _add_datasets(sub)
 
@@ -179,6 +180,50 @@ def _steps_summary_line(summary: dict, out_dir: str) -> str:
     if first:  # the baseline beside the reranker's score: the candidates in the first stage's order
         line += f"; first stage ({first['name']}) mrr@10 {first['mrr@10']}, reranked {scores['mrr@10']}"
     return line
+
+
+# ---------------------------------------------------------------------------------------------
+# mine-negatives
+# ---------------------------------------------------------------------------------------------
+def _add_mine_negatives(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mine-negatives", help="add hard negatives to (query, positive) pairs for finetune --task embed",
+                       description="For each query of a JSONL / TSV file of (query, positive) pairs, retrieve "
+                       "from the file's positives with a bi-encoder (--model) or BM25 (--bm25), drop the "
+                       "query's positives and, optionally, likely false negatives by a cross-encoder's "
+                       "scores, and keep --num-negatives from the ranks --range-min..--range-max, as "
+                       "sentence-transformers' mine_hard_negatives. OUT: JSONL rows {query, positive, "
+                       "negatives} that `finetune --task embed` reads.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--input", required=True, dest="input_path", help="JSONL {query, positive} or TSV pairs")
+    p.add_argument("--out", required=True, dest="out_path", help="JSONL output")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="bi-encoder directory that retrieves the candidates")
+    source.add_argument("--bm25", action="store_true", help="retrieve the candidates with BM25 instead")
+    p.add_argument("--cross-encoder", help="cross-encoder directory whose scores order and filter the candidates")
+    p.add_argument("--num-negatives", type=int, help="negatives per query (3)")
+    p.add_argument("--range-min", type=int, help="skip this many best candidates (0)")
+    p.add_argument("--range-max", type=int, help="consider candidates up to this rank (range-min + "
+                   "num-negatives + positives; × 10 for the negatives with a filter)")
+    p.add_argument("--sampling", choices=["top", "random"], help="the best candidates, or drawn among them (top)")
+    p.add_argument("--margin", type=float, help="drop candidates scoring above the positive minus this")
+    p.add_argument("--relative-margin", type=float,
+                   help="drop candidates scoring above positive − |positive| × this (0.05: NV-Retriever's 95%%)")
+    p.add_argument("--max-score", type=float, help="drop candidates scoring above this")
+    p.add_argument("--min-score", type=float, help="drop candidates scoring below this")
+    p.add_argument("--seed", type=int, help="seed of --sampling random (42)")
+    p.add_argument("--device", help="cpu | cuda (cpu)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_mine_negatives)
+
+
+def _run_mine_negatives(args: argparse.Namespace) -> None:
+    from bertkit.train.retrieval.mining import mine_file
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    summary = mine_file(**settings)
+    print(f"{summary['rows']} rows with {summary['negatives']} negatives written to {summary['out']}"
+          + (f"; {summary['short_rows']} rows have fewer than asked" if summary["short_rows"] else ""))
+    print(json.dumps(summary, ensure_ascii=False))
 
 
 # ---------------------------------------------------------------------------------------------
