@@ -35,6 +35,7 @@ Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"
     losses.py        embed's losses, one table: mnrl, cached-mnrl, cosent, angle, margin-mse, kl; Matryoshka
     gradcache.py     GradCache: a large batch's embeddings at one mini-batch's memory (cached-mnrl)
     teacher.py       a cross-encoder teacher's scores of every training pair, cached in OUT_DIR
+    mining.py        `bertkit mine-negatives`: hard negatives as sentence-transformers' mine_hard_negatives
     crossencoder.py  rerank: the one-logit head, mined negatives, the bce and listwise losses
     loop.py          the run both share: epochs, saving, evaluation, the health checks
     evaluate.py      MRR@10 / Recall@k / nDCG@10 of a trained model, and a reranker's first stage
