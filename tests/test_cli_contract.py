@@ -113,6 +113,9 @@ SPECS: dict[str, Spec] = {
     # The BEIR-directory errors are tested in tests/test_evaluation.py; here the file form.
     "eval": Spec(["eval", "{MODEL}", "--sts", "{INPUT}"], input_suffix=".jsonl", input_default="STS",
                  model_default="PT"),
+    "mine-negatives": Spec(["mine-negatives", "--input", "{INPUT}", "--model", "{MODEL}", "--out", "{OUT}"],
+                           out="file", existing=["mined.jsonl"], input_suffix=".jsonl", input_default="PAIRS",
+                           model_default="PT"),
     # The index is good in every case; the model slot is the reranker.
     "search": Spec(["search", "{INDEX}", "the cat", "--rerank", "{MODEL}"], model_default="RERANK",
                    wrong_model="PT"),
@@ -259,6 +262,10 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     sts.write_text("".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in
                            [("the cat sees the ball", "a cat sees a ball", 4), ("a dog likes a car", "the ball", 1)]),
                    encoding="utf-8")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in
+                             [("cat", "the cat sees the ball"), ("dog", "a dog likes a car"), ("ball", "the red ball"),
+                              ("car", "a blue car"), ("park", "the park"), ("tree", "a big tree")]), encoding="utf-8")
     mask_texts = root / "mask_texts.txt"
     mask_texts.write_text("the cat [MASK] the ball\n", encoding="utf-8")
     qa_rows = root / "qa.jsonl"
@@ -281,7 +288,7 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     return {"PT": pt, "CLF": clf, "DATA": data, "TRAIN": train, "TEXTS": texts, "CORPUS": corpus,
             "INDEX": root / "index", "MODEL_JSON": model_json, "RUN": run, "TOKENIZER_ONLY": tokenizer_only,
             "MASK_TEXTS": mask_texts, "QA_ROWS": qa_rows, "STS": sts, "M3": root / "m3",
-            "ADAPTER": root / "adapter",
+            "ADAPTER": root / "adapter", "PAIRS": pairs,
             **{name: root / name.lower() for name in heads}}
 
 

@@ -14,6 +14,7 @@ from bertkit.constants import FINETUNE_TASKS, LABELLED_TASKS, TRAINED_POOLINGS
 
 def add(sub: argparse._SubParsersAction) -> None:
     _add_finetune(sub)
+    _add_mine_negatives(sub)
     _add_predict(sub)
     _add_datasets(sub)
 
@@ -107,9 +108,18 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--mine", choices=["bm25", "biencoder", "none"],
                    help="rerank: where negatives beyond a row's own come from (bm25)")
     g.add_argument("--mine-model", help="rerank: bi-encoder dir for --mine biencoder")
-    g.add_argument("--loss", choices=["listwise", "bce"],
+    g.add_argument("--loss", choices=["listwise", "bce", "mnrl", "cached-mnrl", "cosent", "angle", "margin-mse", "kl"],
                    help="rerank: listwise (softmax over a query's positive and negatives; "
-                   "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise)")
+                   "--batch-size queries a step) or bce (per pair; --batch-size pairs) (listwise); "
+                   "embed: mnrl (in-batch and hard negatives), cached-mnrl (the same by GradCache, "
+                   "memory flat in --batch-size), cosent / angle (JSONL sentence1, sentence2, score), "
+                   "margin-mse / kl (a --teacher's scores) (mnrl)")
+    g.add_argument("--mini-batch-size", type=int, help="embed, cached-mnrl: texts embedded at a time (32)")
+    g.add_argument("--matryoshka-dims", help="embed: the loss also on these prefixes of the embedding, "
+                   "re-normalised, and the evaluation at each, e.g. 768,256,64")
+    g.add_argument("--teacher", help="embed, margin-mse / kl: a cross-encoder directory whose scores of "
+                   "every (query, passage) pair are the targets (cached in OUT/teacher_scores.json)")
+    g.add_argument("--temperature", type=float, help="embed, kl: temperature of both softmaxes (1.0)")
 
     g = p.add_argument_group("sparse (SPLADE, from a masked-LM model; also --hard-negatives, --mine bm25|none)")
     g.add_argument("--flops-query-weight", type=float,
@@ -188,6 +198,50 @@ def _steps_summary_line(summary: dict, out_dir: str) -> str:
     if first:  # the baseline beside the reranker's score: the candidates in the first stage's order
         line += f"; first stage ({first['name']}) mrr@10 {first['mrr@10']}, reranked {scores['mrr@10']}"
     return line
+
+
+# ---------------------------------------------------------------------------------------------
+# mine-negatives
+# ---------------------------------------------------------------------------------------------
+def _add_mine_negatives(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mine-negatives", help="add hard negatives to (query, positive) pairs for finetune --task embed",
+                       description="For each query of a JSONL / TSV file of (query, positive) pairs, retrieve "
+                       "from the file's positives with a bi-encoder (--model) or BM25 (--bm25), drop the "
+                       "query's positives and, optionally, likely false negatives by a cross-encoder's "
+                       "scores, and keep --num-negatives from the ranks --range-min..--range-max, as "
+                       "sentence-transformers' mine_hard_negatives. OUT: JSONL rows {query, positive, "
+                       "negatives} that `finetune --task embed` reads.",
+                       argument_default=argparse.SUPPRESS)
+    p.add_argument("--input", required=True, dest="input_path", help="JSONL {query, positive} or TSV pairs")
+    p.add_argument("--out", required=True, dest="out_path", help="JSONL output")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="bi-encoder directory that retrieves the candidates")
+    source.add_argument("--bm25", action="store_true", help="retrieve the candidates with BM25 instead")
+    p.add_argument("--cross-encoder", help="cross-encoder directory whose scores order and filter the candidates")
+    p.add_argument("--num-negatives", type=int, help="negatives per query (3)")
+    p.add_argument("--range-min", type=int, help="skip this many best candidates (0)")
+    p.add_argument("--range-max", type=int, help="consider candidates up to this rank (range-min + "
+                   "num-negatives + positives; × 10 for the negatives with a filter)")
+    p.add_argument("--sampling", choices=["top", "random"], help="the best candidates, or drawn among them (top)")
+    p.add_argument("--margin", type=float, help="drop candidates scoring above the positive minus this")
+    p.add_argument("--relative-margin", type=float,
+                   help="drop candidates scoring above positive − |positive| × this (0.05: NV-Retriever's 95%%)")
+    p.add_argument("--max-score", type=float, help="drop candidates scoring above this")
+    p.add_argument("--min-score", type=float, help="drop candidates scoring below this")
+    p.add_argument("--seed", type=int, help="seed of --sampling random (42)")
+    p.add_argument("--device", help="cpu | cuda (cpu)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_mine_negatives)
+
+
+def _run_mine_negatives(args: argparse.Namespace) -> None:
+    from bertkit.train.retrieval.mining import mine_file
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
+    summary = mine_file(**settings)
+    print(f"{summary['rows']} rows with {summary['negatives']} negatives written to {summary['out']}"
+          + (f"; {summary['short_rows']} rows have fewer than asked" if summary["short_rows"] else ""))
+    print(json.dumps(summary, ensure_ascii=False))
 
 
 # ---------------------------------------------------------------------------------------------

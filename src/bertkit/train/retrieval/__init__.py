@@ -5,7 +5,9 @@ pooled (mean over every token, [CLS] and [SEP] included, as sentence-transformer
 and normalised. Loss: in-batch negatives, MultipleNegativesRankingLoss (Henderson et al. 2017;
 sentence-transformers' name): for B queries the candidates are the B positives plus each row's
 hard negatives, the logits are cosine × `scale` (20 as sentence-transformers, a temperature of
-0.05) and the target of query i is its own positive. OUT_DIR is a Hugging Face BertModel
+0.05) and the target of query i is its own positive; `loss` picks another of `losses.py`'s
+table (cached-mnrl, cosent, angle, margin-mse and kl from a `teacher` cross-encoder's scores), and
+`matryoshka_dims` trains the embedding's prefixes too. OUT_DIR is a Hugging Face BertModel
 directory and also a sentence-transformers model (modules.json, 1_Pooling/config.json,
 sentence_bert_config.json): `SentenceTransformer(OUT_DIR)` gives the vectors
 `bertkit.inference.embed(OUT_DIR, ...)` gives.
@@ -23,22 +25,23 @@ negatives (the positive must outscore them all; Nogueira & Cho's pointwise BCE v
 sentence-transformers' `CrossEncoder(OUT_DIR)` cut pairs where training did, and the latter
 scores as `bertkit.inference.rerank` does (sigmoid of the logit).
 
-Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} or TSV rows query<TAB>document<TAB>label
+Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"sentence1",
+"sentence2", "score"}) or TSV rows query<TAB>document<TAB>label
 (label 1 relevant, 0 a negative of that query; an optional header), or builtin:NAME[:SPLIT] of
 `bertkit.retrieval.datasets`. Bad rows are named file:line, counted and skipped.
 
     common.py        the settings (`RetrievalTrainConfig`), the training pairs, one update
-    biencoder.py     embed: the encoder, pooling, MultipleNegativesRankingLoss, sentence-transformers files
+    biencoder.py     embed: the encoder, pooling, the loss call, sentence-transformers files
+    losses.py        embed's losses, one table: mnrl, cached-mnrl, cosent, angle, margin-mse, kl; Matryoshka
+    gradcache.py     GradCache: a large batch's embeddings at one mini-batch's memory (cached-mnrl)
+    teacher.py       a cross-encoder teacher's scores of every training pair, cached in OUT_DIR
+    mining.py        `bertkit mine-negatives`: hard negatives as sentence-transformers' mine_hard_negatives
     crossencoder.py  rerank: the one-logit head, mined negatives, the bce and listwise losses
     loop.py          the run both share: epochs, saving, evaluation, the health checks
     evaluate.py      MRR@10 / Recall@k / nDCG@10 of a trained model, and a reranker's first stage
 """
 
-from bertkit.train.retrieval.biencoder import (
-    multiple_negatives_ranking_loss,
-    pool_padded,
-    write_sentence_transformers_files,
-)
+from bertkit.train.retrieval.biencoder import pool_padded, write_sentence_transformers_files
 from bertkit.train.retrieval.common import (
     BUILTIN_PREFIX,
     RETRIEVAL_OPTIONS,
@@ -52,8 +55,10 @@ from bertkit.train.retrieval.common import (
 from bertkit.train.retrieval.crossencoder import RERANK_LR, listwise_loss, rerank_epoch, rerank_groups
 from bertkit.train.retrieval.evaluate import evaluate
 from bertkit.train.retrieval.loop import finetune_retrieval, run
+from bertkit.train.retrieval.losses import EMBED_LOSSES, embed_loss, multiple_negatives_ranking_loss
 
-__all__ = ["BUILTIN_PREFIX", "RERANK_LR", "RETRIEVAL_OPTIONS", "TASKS", "Pair", "RetrievalTrainConfig",
-           "evaluate", "finetune_retrieval", "from_finetune_config", "listwise_loss",
+__all__ = ["BUILTIN_PREFIX", "EMBED_LOSSES", "RERANK_LR", "RETRIEVAL_OPTIONS", "TASKS", "Pair",
+           "RetrievalTrainConfig", "embed_loss", "evaluate", "finetune_retrieval", "from_finetune_config",
+           "listwise_loss",
            "multiple_negatives_ranking_loss", "optimizer_step", "pool_padded", "read_pairs", "rerank_epoch",
            "rerank_groups", "run", "write_sentence_transformers_files"]

@@ -1,10 +1,12 @@
 """The bi-encoder trainer (`finetune --task embed`): query and passage through one encoder,
-pooled and normalised, trained with in-batch negatives; OUT_DIR is a sentence-transformers model too.
+pooled and normalised, trained with a loss of `losses.py`'s table; OUT_DIR is a sentence-transformers
+model too.
 
-The loss is MultipleNegativesRankingLoss (Henderson et al. 2017; sentence-transformers' name): for
-B queries the candidates are the B positives plus each row's hard negatives, the logits are
-cosine × `scale` (20 as sentence-transformers, a temperature of 0.05) and the target of query i
-is its own positive.
+The default loss is MultipleNegativesRankingLoss (Henderson et al. 2017; sentence-transformers'
+name): for B queries the candidates are the B positives plus each row's hard negatives, the logits
+are cosine × `scale` (20 as sentence-transformers, a temperature of 0.05) and the target of query i
+is its own positive. The others (`--loss`): cached-mnrl, cosent, angle, margin-mse, kl, each
+optionally over Matryoshka prefixes (`--matryoshka-dims`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import random
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bertkit.encoder.packing import mean_pool
 from bertkit.train import health
 from bertkit.train.parallel import gather_in_batch
+from bertkit.train.retrieval import gradcache, losses
 from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, encode
-from bertkit.util.distributed import DistInfo
+from bertkit.util.distributed import DistInfo, gather_with_grad
 from bertkit.util.fileio import atomic_write_json
 
 # sentence-transformers' default learning rate, for the bi-encoder's whole encoder.
@@ -33,12 +35,17 @@ def build(config: RetrievalTrainConfig) -> nn.Module:
     """The encoder to train: the directory's encoder, without any head it has."""
     from bertkit.encoder.model import BertModel
 
-    return BertModel.from_pretrained(Path(config.model))
+    model = BertModel.from_pretrained(Path(config.model))
+    losses.check_dims(config.matryoshka_dims, model.config.hidden_size)
+    return model
 
 
 def chance_loss(config: RetrievalTrainConfig, model_config=None) -> float | None:
-    """ln(batch): a uniform guess among the batch's positives (hard negatives left aside)."""
-    return health.uniform_guess(config.batch_size)
+    """ln(batch): a uniform guess among the batch's positives (hard negatives left aside), for
+    each Matryoshka dimension; None for the losses that are no softmax over the batch."""
+    if not losses.EMBED_LOSSES[config.loss].in_batch:
+        return None
+    return health.uniform_guess(config.batch_size) * len(config.matryoshka_dims or [None])
 
 
 # No trivial predictor is scored beside a bi-encoder's search.
@@ -46,8 +53,12 @@ baseline = health.no_baseline
 
 
 def prepare(pairs: list[Pair], config: RetrievalTrainConfig) -> list[Pair]:
-    """The pairs themselves: every epoch trains on all of them, with their own negatives."""
-    return pairs
+    """The pairs the loss can read: every epoch trains on all of them, with their own negatives
+    (cosent / angle: the scored ones; margin-mse / kl: those with hard_negatives negatives, with
+    the teacher's scores: `teacher.usable_pairs`)."""
+    from bertkit.train.retrieval.teacher import usable_pairs
+
+    return usable_pairs(pairs, config)
 
 
 def epoch_examples(pairs: list[Pair], config: RetrievalTrainConfig, rng: random.Random) -> list[Pair]:
@@ -74,15 +85,6 @@ def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -
     return hidden[:, 0] if mode == "cls" else mean_pool(hidden, attention_mask)  # (B, H)
 
 
-def multiple_negatives_ranking_loss(queries: torch.Tensor, candidates: torch.Tensor,
-                                    scale: float = 20.0) -> torch.Tensor:
-    """queries (B, H), candidates (C, H) with C ≥ B, candidate i the positive of query i and the
-    rest (other positives, hard negatives) its negatives → mean cross-entropy of scale × cosine."""
-    logits = scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T  # (B, C)
-    return F.cross_entropy(logits, torch.arange(len(queries), device=logits.device))
-
-
-
 def loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, device,
          group: DistInfo | None = None) -> torch.Tensor:
     """The in-batch loss of a batch of pairs: each query against every positive of the batch and
@@ -94,10 +96,29 @@ def loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, devic
     candidates += [n for r in rows for n in r.negatives[:config.hard_negatives]]
     q = encode(tokenizer, [r.query for r in rows], None, config.max_length, device)
     d = encode(tokenizer, candidates, None, config.max_length, device)
-    qv = pool_padded(model(**q).last_hidden_state, q["attention_mask"], config.pooling)  # (B, H)
-    dv = pool_padded(model(**d).last_hidden_state, d["attention_mask"], config.pooling)  # (C, H)
+    if group is not None and group.enabled and losses.EMBED_LOSSES[config.loss].cached:
+        # GradCache replays mini-batches inside backward, where DDP's gradient hooks would fire
+        # once per mini-batch; the gathered batch already makes the batch global.
+        raise ValueError("--loss cached-mnrl runs in one process; under torchrun use --loss mnrl, "
+                         "whose in-batch negatives are gathered from every process")
+    qv = pooled(model, q, config)  # (B, H)
+    dv = pooled(model, d, config)  # (C, H)
+    targets = losses.targets(rows, config, device)  # None, (B,) or (B, 1 + K)
     qv, dv = gather_in_batch(qv, dv, len(rows), group)  # (B_all, H), (C_all, H): every rank's rows
-    return multiple_negatives_ranking_loss(qv, dv, config.scale)
+    if targets is not None and group is not None:
+        targets = gather_with_grad(targets, group)  # every rank's rows, in the gathered order
+    return losses.embed_loss(qv, dv, targets, config)
+
+
+def pooled(model, batch: dict[str, torch.Tensor], config: RetrievalTrainConfig) -> torch.Tensor:
+    """A padded batch (each (B, T)) → (B, H) pooled embeddings, by GradCache's mini-batches for
+    a cached loss (`gradcache.py`: the same values and gradients, one mini-batch's activations)."""
+    def embed(part: dict[str, torch.Tensor]) -> torch.Tensor:
+        return pool_padded(model(**part).last_hidden_state, part["attention_mask"], config.pooling)
+
+    if losses.EMBED_LOSSES[config.loss].cached:
+        return gradcache.cached_embeddings(embed, batch, config.mini_batch_size)
+    return embed(batch)
 
 
 

@@ -22,6 +22,7 @@ TASKS = ("embed", "rerank")
 POOLINGS = TRAINED_POOLINGS
 MINERS = ("bm25", "biencoder", "none")
 LOSSES = ("listwise", "bce")  # rerank losses
+EMBED_LOSSES = ("mnrl", "cached-mnrl", "cosent", "angle", "margin-mse", "kl")  # train.retrieval.losses
 BUILTIN_PREFIX = "builtin:"
 OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json")
 
@@ -48,9 +49,14 @@ class RetrievalTrainConfig:
     pooling: str = "mean"  # mean (sentence-transformers' usual) | cls
     scale: float = 20.0  # cosine → logit; 1 / temperature
     hard_negatives: int = 1  # embed: at most this many of a row's negatives join the batch's candidates
+    # embed's loss is one of EMBED_LOSSES (`losses.py`); None: mnrl for embed, listwise for rerank
+    mini_batch_size: int = 32  # cached-mnrl: rows embedded at a time (sentence-transformers' default)
+    matryoshka_dims: list[int] | None = None  # embed: the loss also on these prefixes, e.g. [768, 256, 64]
+    teacher: str | None = None  # margin-mse / kl: a cross-encoder directory whose scores are the targets
+    temperature: float = 1.0  # kl: both softmaxes' temperature (sentence-transformers' default)
     # rerank
     negatives: int = 3  # negatives per positive
-    loss: str = "listwise"  # rerank: listwise (softmax over positive + negatives) | bce (per pair)
+    loss: str | None = None  # rerank: listwise (softmax over positive + negatives) | bce (per pair)
     mine: str = "bm25"  # where negatives come from beyond the row's own
     mine_model: str | None = None  # bi-encoder directory for mine="biencoder"
     mine_depth: int = 30  # mined negatives are drawn from this many top candidates
@@ -64,13 +70,22 @@ class RetrievalTrainConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("model", "train", "out_dir", "eval", "mine_model"):
+        for name in ("model", "train", "out_dir", "eval", "mine_model", "teacher"):
             if getattr(self, name) is not None:
                 setattr(self, name, str(getattr(self, name)))
         problems = []
         if self.task not in TASKS:
             problems.append(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
-        for name in ("epochs", "batch_size", "max_length", "mine_depth"):
+        if self.loss is None:
+            self.loss = "mnrl" if self.task == "embed" else "listwise"
+        if self.matryoshka_dims is not None:
+            from bertkit.train.retrieval.losses import parse_dims
+
+            try:
+                self.matryoshka_dims = parse_dims(self.matryoshka_dims)
+            except ValueError as err:
+                problems.append(str(err))
+        for name in ("epochs", "batch_size", "max_length", "mine_depth", "mini_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
@@ -81,8 +96,20 @@ class RetrievalTrainConfig:
             problems.append("embed needs batch_size ≥ 2: the other rows of a batch are the negatives")
         if self.pooling not in POOLINGS:
             problems.append(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        if self.loss not in LOSSES:
-            problems.append(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        task_losses = EMBED_LOSSES if self.task == "embed" else LOSSES
+        if self.loss not in task_losses:
+            problems.append(f"loss must be one of {', '.join(task_losses)} for task {self.task}, got {self.loss!r}")
+        teacher_loss = self.loss in ("margin-mse", "kl")
+        if teacher_loss and not self.teacher:
+            problems.append(f"loss {self.loss} learns from a teacher's scores: pass --teacher CROSS_ENCODER_DIR")
+        if self.teacher and not teacher_loss:
+            problems.append(f"--teacher is read by --loss margin-mse or kl only, not {self.loss}")
+        if teacher_loss and self.hard_negatives < 1:
+            problems.append(f"loss {self.loss} compares each positive with negatives: hard_negatives must be ≥ 1")
+        if self.matryoshka_dims and self.task != "embed":
+            problems.append("--matryoshka-dims applies to --task embed only")
+        if not self.temperature > 0:
+            problems.append(f"temperature must be > 0, got {self.temperature!r}")
         if self.task == "rerank" and self.loss == "listwise" and self.negatives < 1:
             problems.append("loss listwise needs negatives ≥ 1: the positive is ranked against them")
         if self.mine not in MINERS:
@@ -99,7 +126,7 @@ class RetrievalTrainConfig:
 
 # Options of `bertkit finetune` that only the retrieval tasks take.
 RETRIEVAL_OPTIONS = ("pooling", "scale", "hard_negatives", "negatives", "loss", "mine", "mine_model",
-                     "mine_depth")
+                     "mine_depth", "mini_batch_size", "matryoshka_dims", "teacher", "temperature")
 
 
 def from_finetune_config(config: Any, **extra: Any) -> RetrievalTrainConfig:
@@ -122,6 +149,8 @@ class Pair:
     positive: str
     negatives: list[str]
     where: str  # file:line
+    score: float | None = None  # a scored pair's gold score (cosent, angle)
+    teacher: list[float] | None = None  # a teacher's scores of the positive, then each negative
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,15 +204,20 @@ def _jsonl_pairs(path: Path, text: str, report: DataReport) -> list[Pair]:
         if not isinstance(row, dict):
             report.skip(where, "not a JSON object")
             continue
-        query, positive, negatives = row.get("query"), row.get("positive"), row.get("negatives", [])
+        # A scored pair (cosent, angle) may name its sides as sentence-transformers' STS sets do.
+        query, positive = row.get("query", row.get("sentence1")), row.get("positive", row.get("sentence2"))
+        negatives, score = row.get("negatives", []), row.get("score")
         if not isinstance(query, str) or not query.strip():
-            report.skip(where, "no 'query' string")
+            report.skip(where, "no 'query' (or 'sentence1') string")
         elif not isinstance(positive, str) or not positive.strip():
-            report.skip(where, "no 'positive' string")
+            report.skip(where, "no 'positive' (or 'sentence2') string")
         elif not isinstance(negatives, list) or not all(isinstance(n, str) and n.strip() for n in negatives):
             report.skip(where, "'negatives' must be a list of non-empty strings")
+        elif score is not None and (not isinstance(score, (int, float)) or isinstance(score, bool)):
+            report.skip(where, f"'score' must be a number, got {score!r}")
         else:
-            pairs.append(Pair(query.strip(), positive.strip(), [n.strip() for n in negatives], where))
+            pairs.append(Pair(query.strip(), positive.strip(), [n.strip() for n in negatives], where,
+                              None if score is None else float(score)))
     return pairs
 
 

@@ -132,7 +132,8 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
     if config.eval:
         from bertkit.adapters import load_engine
 
-        summary["eval"] = evaluate(load_engine(config.model, out) if adapters else out, config.task, config.eval)
+        summary["eval"] = evaluate(load_engine(config.model, out) if adapters else out, config.task, config.eval,
+                                   dims=config.matryoshka_dims, scored=config.loss in ("cosent", "angle"))
     summary["warnings"] = run_warnings(config, trainer, summary, len(examples))
     for warning in summary["warnings"]:
         log.warning("warning: %s", warning)

