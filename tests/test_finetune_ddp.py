@@ -275,3 +275,16 @@ def test_rank_shares_add_up_to_the_global_batch(task):
         total_grads = [t + g for t, g in zip(total_grads, grads)]
     assert total == pytest.approx(whole, abs=1e-6)
     assert max(float((t - g).abs().max()) for t, g in zip(total_grads, whole_grads)) < 1e-6
+
+
+def test_cosent_two_processes_match_one(tmp_path):
+    """A loss over every pair of the batch (CoSENT): the gold scores are gathered with the
+    embeddings, so two ranks train as one process on the global batch."""
+    model = tiny_model(tmp_path / "model", "encoder")
+    texts = sentences(18, seed=11)
+    train = write_jsonl(tmp_path / "scored.jsonl", [{"sentence1": texts[2 * i], "sentence2": texts[2 * i + 1],
+                                                     "score": (i * 7 % 5) / 4} for i in range(8)])
+    args = ["--task", "embed", "--loss", "cosent", "--model", str(model), "--train", str(train),
+            "--batch-size", "4", "--epochs", "1", "--lr", "0.001", "--max-length", "12", "--mine", "none",
+            "--no-progress"]
+    assert_same_run(*one_and_two(tmp_path, args))

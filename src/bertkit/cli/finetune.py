@@ -119,7 +119,8 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                    "re-normalised, and the evaluation at each, e.g. 768,256,64")
     g.add_argument("--teacher", help="embed, margin-mse / kl: a cross-encoder directory whose scores of "
                    "every (query, passage) pair are the targets (cached in OUT/teacher_scores.json)")
-    g.add_argument("--temperature", type=float, help="embed, kl: temperature of both softmaxes (1.0)")
+    g.add_argument("--temperature", type=float, help="embed, kl: temperature of both softmaxes; colbert: "
+                   "MaxSim / temperature = logit (1.0 both, sentence-transformers' and PyLate's)")
 
     g = p.add_argument_group("sparse (SPLADE, from a masked-LM model; also --hard-negatives, --mine bm25|none)")
     g.add_argument("--flops-query-weight", type=float,
@@ -135,7 +136,6 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
                    help="colbert: query pieces, [MASK]-padded (the model's own, else 32 as PyLate)")
     g.add_argument("--embedding-size", type=int,
                    help="colbert: token-vector size of a new projection (128, PyLate's)")
-    g.add_argument("--temperature", type=float, help="colbert: MaxSim / temperature = logit (1.0, PyLate's)")
     g.add_argument("--distill-from", metavar="DIR",
                    help="colbert: a cross-encoder whose scores of each query's candidates the model learns "
                    "(KL, PyLate's Distillation loss) instead of the contrastive loss")

@@ -65,8 +65,9 @@ OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "st
            train_state.CHECKPOINTS)
 # Settings a resumed run may change: they do not alter the sequence of updates.
 RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "eval"}
-# Options of `bertkit finetune` that only --task colbert takes.
-COLBERT_OPTIONS = ("distill_from", "query_length", "embedding_size", "temperature")
+# Options of `bertkit finetune` that only --task colbert takes (--temperature it shares with
+# embed's kl loss).
+COLBERT_OPTIONS = ("distill_from", "query_length", "embedding_size")
 
 
 @dataclass
