@@ -152,7 +152,7 @@ class Model:
                normalize_embeddings: bool | None = None, convert_to_tensor: bool = False,
                convert_to_numpy: bool = True, pooling: str | None = None, prompt_name: str | None = None,
                prompt: str | None = None, truncate_dim: int | None = None,
-               show_progress_bar: bool = False) -> np.ndarray | torch.Tensor:
+               show_progress_bar: bool = False, precision: str = "float32") -> np.ndarray | torch.Tensor:
         """Sentence embeddings: (N, H) float32 for a list, (H,) for one string.
 
         batch_size: texts per engine call (default 1,024; the engine packs each call by tokens).
@@ -165,7 +165,14 @@ class Model:
         truncate_dim: keep the first dimensions (a Matryoshka model; default: the model's own
         truncate_dim); the vectors are cut after the model's Normalize, then normalized only when
         asked, as sentence-transformers does.
+        precision: float32, or codes as sentence-transformers' `quantize_embeddings` makes them
+        (int8 / uint8: (N, H), each dimension's range calibrated on these texts' vectors; binary /
+        ubinary: sign bits packed (N, ⌈H / 8⌉)); `bertkit.retrieval.quantize` holds the rules.
         """
+        from bertkit.retrieval.quantize import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
         single = isinstance(texts, str)
         texts = as_texts(texts)
         prefix = resolve_prompt({"prompts": self.prompts, "default_prompt_name": self.default_prompt_name},
@@ -189,6 +196,10 @@ class Model:
             vectors = vectors[:, :dim]
             if unit:
                 vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        if precision != "float32":
+            from bertkit.retrieval.quantize import quantize
+
+            vectors = torch.from_numpy(quantize(vectors.numpy(), precision))  # (N, H) or (N, ⌈H / 8⌉) codes
         if single:
             vectors = vectors[0]
         if convert_to_tensor:
