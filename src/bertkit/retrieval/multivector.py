@@ -17,9 +17,8 @@ tokens' centroids alone (centroid interaction: one (Q, C) product, then a gather
 scores are MaxSim's plain sum, as ColBERT ranks; `normalize` divides by the query's tokens (BGE-M3's
 `colbert_score`), which the weighted fusion reads.
 
-First stage, centroids against MUVERA: on `bench/retrieval_multi.py --first-stage` (see
-docs/benchmarks.md) both were measured for the recall of the exact MaxSim top 10 among their
-candidates; the centroids are kept (figures and command in docs/benchmarks.md).
+First stage, centroids against MUVERA's fixed dimensional encodings: `bench/retrieval_multi.py
+--first-stage` measures both for the recall of the exact MaxSim top 10 among their candidates.
 """
 
 from __future__ import annotations
@@ -135,13 +134,19 @@ class MultiVectorIndex:
         return int(self.codes.nbytes + self.residuals.nbytes + self.starts.nbytes + self.ivf_ptr.nbytes
                    + self.ivf_rows.nbytes + sum(a.nbytes for a in self.codec.arrays().values()))
 
+    def token_rows(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(token positions (ΣT,) of passages `rows`, in order; their lengths (R,))."""
+        rows = np.asarray(rows, dtype=np.int64)
+        lo, lengths = self.starts[rows], self.starts[rows + 1] - self.starts[rows]
+        return np.repeat(lo - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum()), lengths
+
     def passage_vectors(self, rows: Sequence[int]) -> list[np.ndarray]:
-        """Decompressed (T_i, D) float32 unit token vectors of passages `rows`."""
-        out = []
-        for r in rows:
-            lo, hi = int(self.starts[r]), int(self.starts[r + 1])
-            out.append(self.codec.decode(np.asarray(self.codes[lo:hi]), np.asarray(self.residuals[lo:hi])))
-        return out
+        """Decompressed (T_i, D) float32 unit token vectors of passages `rows` (one decode call)."""
+        if not len(rows):
+            return []
+        tok, lengths = self.token_rows(rows)
+        decoded = self.codec.decode(np.asarray(self.codes[tok]), np.asarray(self.residuals[tok]))  # (ΣT, D)
+        return np.split(decoded, np.cumsum(lengths)[:-1])
 
     def exact_scores(self, query: np.ndarray, rows: Sequence[int], normalize: bool = False) -> np.ndarray:
         """(len(rows),) float32 MaxSim of `query` (Q, D) with each passage's decompressed tokens."""
@@ -164,9 +169,7 @@ class MultiVectorIndex:
         if len(rows) <= n:
             return rows.astype(np.int64)
         # MaxSim with every token replaced by its centroid: gather each candidate's token columns.
-        lo, hi = self.starts[rows], self.starts[rows + 1]
-        lengths = (hi - lo).astype(np.int64)
-        tok = np.repeat(lo - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())  # (ΣT,)
+        tok, lengths = self.token_rows(rows)  # (ΣT,), (R,)
         cols = sims[:, np.asarray(self.codes[tok])]  # (Q, ΣT)
         # Each passage's tokens are contiguous and never empty ([CLS], [SEP]): a segment maximum.
         best = np.maximum.reduceat(cols, np.cumsum(lengths) - lengths, axis=1)  # (Q, R)
