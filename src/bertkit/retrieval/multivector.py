@@ -152,12 +152,14 @@ class MultiVectorIndex:
         """(len(rows),) float32 MaxSim of `query` (Q, D) with each passage's decompressed tokens."""
         import torch
 
-        from bertkit.inference.multivector import maxsim_scores
+        from bertkit.inference.multivector import maxsim_packed
 
         if not len(rows):
             return np.zeros(0, dtype=np.float32)
-        docs = [torch.from_numpy(v) for v in self.passage_vectors(rows)]
-        return maxsim_scores(torch.from_numpy(query), docs, normalize=normalize).numpy()
+        tok, lengths = self.token_rows(rows)
+        decoded = self.codec.decode(np.asarray(self.codes[tok]), np.asarray(self.residuals[tok]))  # (ΣT, D)
+        return maxsim_packed(torch.from_numpy(np.asarray(query, np.float32)), torch.from_numpy(decoded),
+                             torch.from_numpy(lengths), normalize=normalize).numpy()
 
     def candidates(self, query: np.ndarray, nprobe: int, n: int) -> np.ndarray:
         """The n best passage rows by centroid interaction among those a query token's nprobe

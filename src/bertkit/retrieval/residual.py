@@ -89,8 +89,17 @@ class ResidualCodec:
     def decode(self, codes: np.ndarray, residuals: np.ndarray) -> np.ndarray:
         """(T,) codes and (T, D · nbits / 8) packed residuals → (T, D) float32 unit rows."""
         dim = self.centroids.shape[1]
-        v = self.centroids[codes] + self.weights[self._unpack(residuals, dim)]  # (T, D)
+        # Each byte holds 8 / nbits dimensions: one lookup of a (256, 8 / nbits) table of their values.
+        values = self._byte_values()[residuals].reshape(len(residuals), -1)[:, :dim]  # (T, D)
+        v = self.centroids[codes] + values
         return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+    def _byte_values(self) -> np.ndarray:
+        """(256, 8 / nbits) float32: the residual values a packed byte decodes to, dimension by dimension."""
+        per = 8 // self.nbits
+        shifts = 8 - self.nbits * (np.arange(per) + 1)  # most significant bits first, as `_pack` writes
+        buckets = (np.arange(256)[:, None] >> shifts) & ((1 << self.nbits) - 1)  # (256, per)
+        return self.weights[buckets].astype(np.float32)
 
     def _pack(self, buckets: np.ndarray) -> np.ndarray:
         """(T, D) bucket ids < 2^nbits → (T, ⌈D · nbits / 8⌉) bytes, nbits each, most significant first."""
