@@ -6,7 +6,9 @@ Per system: MRR@10 and Recall@100 of the test queries (one relevant document eac
 corpus of --docs documents (every test query's own document, then others in the set's order),
 bytes the system holds for its search (dense: the vectors or codes; BM25: its arrays on disk;
 multi-vector: codes, residuals, codec, inverted lists), and queries per second (the queries
-searched together, their encoding included). The dense runs share the query vectors' cost.
+searched together, their encoding included). int8 / binary re-score the codes' 4 · k best
+passages of each backend call on the float vectors ("float") or, as when the float vectors are not
+kept, on the codes themselves ("codes": sentence-transformers' rescoring).
 
 --first-stage: the multi-vector side's candidate generation measured two ways for the recall,
 among C candidates, of the passages the exact MaxSim (over every passage's uncompressed token
@@ -77,14 +79,19 @@ def systems_run(args, model: Path, root: Path) -> list[dict]:
     cjk = ["bigram", "jieba"] if args.set.startswith("zh") else ["bigram"]
     rows = []
     build_index(path, engine, root / "ix-float32", progress=False)
-    for dtype in ("float32", "int8", "binary"):
-        out = root / f"ix-{dtype}"
-        if dtype != "float32":  # the float index's vectors, coded: no second embedding pass
-            coded(root / "ix-float32", out, {"vector_dtype": dtype, "rescore_multiplier": args.rescore_multiplier})
+    for dtype, rescore in (("float32", ""), ("int8", "float"), ("int8", "codes"), ("binary", "float"),
+                           ("binary", "codes")):
+        out = root / f"ix-{dtype}-{rescore}"
+        if dtype == "float32":
+            out = root / "ix-float32"
+        else:  # the float index's vectors, coded: no second embedding pass
+            coded(root / "ix-float32", out, {"vector_dtype": dtype, "rescore_multiplier": args.rescore_multiplier,
+                                             "rescore_float": rescore == "float"})
         searcher = Searcher.open(out, model=engine)
         hits, qps = timed(searcher, texts)
         held = searcher.backend.memory_bytes() or searcher.index.vectors.nbytes
-        rows.append({"system": f"dense {dtype}", **score(hits, queries), "bytes": held, "queries/s": round(qps, 1)})
+        name = f"dense {dtype}" + (f", re-scored on {rescore}" if rescore else "")
+        rows.append({"system": name, **score(hits, queries), "bytes": held, "queries/s": round(qps, 1)})
     main = root / "ix-float32"
     tick = time.perf_counter()
     mv = build_multivector(main, engine, nbits=args.mv_nbits)
