@@ -436,6 +436,8 @@ FLAG_CASES: dict[str, tuple[list[str], str]] = {
                                      "--rescore-multiplier 0"),
     "index --rescore-multiplier on floats": ([*_NEW_INDEX, "--rescore-multiplier", "3"],
                                              "--rescore-multiplier 3 re-scores int8 or binary codes"),
+    "index --no-float-rescore on floats": ([*_NEW_INDEX, "--no-float-rescore"],
+                                           "--no-float-rescore re-scores int8 or binary codes"),
     "index --multi-vector KIND": ([*_NEW_INDEX, "--multi-vector", "colbert"], "'colbert'"),
     "index --mv-nbits": ([*_NEW_INDEX, "--multi-vector", "--mv-nbits", "3"], "--mv-nbits 3"),
     "index --mv-centroids": ([*_NEW_INDEX, "--multi-vector", "--mv-centroids", "0"], "--mv-centroids 0"),

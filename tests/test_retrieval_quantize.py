@@ -95,6 +95,11 @@ def test_index_on_codes_from_the_cli(tmp_path, index_inputs, dtype, capsys):
     np.testing.assert_allclose([[h.score for h in q] for q in wide], [[h.score for h in q] for q in float_hits],
                                rtol=1e-5)
     assert cli.main(["search", str(tmp_path / "q"), "red car", "--rescore-multiplier", "2"]) == 0
+    assert cli.main(["index", str(corpus), "--out", str(tmp_path / "c"), *args, "--vector-dtype", dtype,
+                     "--no-float-rescore"]) == 0
+    on_codes = Searcher.open(tmp_path / "c")
+    assert on_codes.backend.handle.floats is None and searcher.backend.handle.floats is not None
+    assert len(on_codes.search(queries, top_k=5)[0]) == 5
     update_index(tmp_path / "q", delete=["d3"])  # codes rebuilt from the kept vectors
     after = open_index(tmp_path / "q")
     assert np.load(tmp_path / "q" / quantize.CODES_FILE).shape[0] == after.meta["rows"]

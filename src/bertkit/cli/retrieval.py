@@ -60,6 +60,9 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                    "re-scoring the best candidates with the float vectors kept on disk (float32)")
     g.add_argument("--rescore-multiplier", type=int, default=None,
                    help="int8 / binary: candidates re-scored in float, as a multiple of --top-k (4)")
+    g.add_argument("--no-float-rescore", action="store_false", dest="float_rescore",
+                   help="int8 / binary: re-score on the codes themselves (sentence-transformers' rescoring), "
+                   "not on the float vectors kept on disk")
     g.add_argument("--no-bm25", action="store_false", dest="bm25", help="no BM25 index (no --hybrid search)")
     g.add_argument("--bm25-cjk", choices=["bigram", "jieba"], default="bigram",
                    help="BM25's tokens of Chinese text: character bigrams (default) or jieba's words")
@@ -86,6 +89,9 @@ def _backend_params(args: argparse.Namespace) -> dict:
              "refine": args.refine, "url": args.qdrant_url, "rescore_multiplier": args.rescore_multiplier}
     if args.vector_dtype != "float32":
         named["vector_dtype"] = args.vector_dtype
+        named["rescore_float"] = args.float_rescore
+    elif not args.float_rescore:
+        raise ValueError("--no-float-rescore re-scores int8 or binary codes; pass --vector-dtype int8 or binary")
     elif args.rescore_multiplier is not None:
         raise ValueError(f"--rescore-multiplier {args.rescore_multiplier} re-scores int8 or binary codes; "
                          "pass --vector-dtype int8 or binary")
