@@ -438,6 +438,8 @@ FLAG_CASES: dict[str, tuple[list[str], str]] = {
                                              "--rescore-multiplier 3 re-scores int8 or binary codes"),
     "index --no-float-rescore on floats": ([*_NEW_INDEX, "--no-float-rescore"],
                                            "--no-float-rescore re-scores int8 or binary codes"),
+    "index --multi-vector on an update": (["index", "--out", "{INDEX}", "--delete", "d0", "--multi-vector"],
+                                          "--multi-vector token-states with --upsert / --delete"),
     "index --multi-vector KIND": ([*_NEW_INDEX, "--multi-vector", "colbert"], "'colbert'"),
     "index --mv-nbits": ([*_NEW_INDEX, "--multi-vector", "--mv-nbits", "3"], "--mv-nbits 3"),
     "index --mv-centroids": ([*_NEW_INDEX, "--multi-vector", "--mv-centroids", "0"], "--mv-centroids 0"),

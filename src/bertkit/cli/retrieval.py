@@ -101,6 +101,10 @@ def _backend_params(args: argparse.Namespace) -> dict:
 def _run_index(args: argparse.Namespace) -> None:
     from bertkit.retrieval.index import IndexConfig, run_build_index
 
+    if (args.upsert or args.delete) and args.multi_vector:
+        raise ValueError(f"--multi-vector {args.multi_vector} with --upsert / --delete: an update keeps the "
+                         "index's own multi-vector side, if it has one; to add one, build the index again "
+                         "with --multi-vector")
     if args.upsert or args.delete:
         return _run_update(args)
     if args.corpus is None and args.model is None and args.sparse_model:
