@@ -17,8 +17,13 @@ tokens' centroids alone (centroid interaction: one (Q, C) product, then a gather
 scores are MaxSim's plain sum, as ColBERT ranks; `normalize` divides by the query's tokens (BGE-M3's
 `colbert_score`), which the weighted fusion reads.
 
-First stage, centroids against MUVERA's fixed dimensional encodings: `bench/retrieval_multi.py
---first-stage` measures both for the recall of the exact MaxSim top 10 among their candidates.
+First stage, centroids against MUVERA's fixed dimensional encodings (Dhulipala et al. 2024): the
+centroids are kept. `python bench/retrieval_multi.py --first-stage --docs 80 --queries 30`
+(en-news-deep, MiniLM token states, 2026-12-07) measured the share of the exact MaxSim top 10
+found among 64 candidates: centroids 0.993 at nprobe 2, 4 or 8 (767 centroids), MUVERA 0.917
+(2,560 dimensions) and 0.947 (10,240); MUVERA was faster (1-2 ms a query against 15-28 ms, on a
+loaded machine). At 256 candidates both found all, on a corpus of a few hundred passages: a
+small set, so the choice rests on the recall at 64.
 """
 
 from __future__ import annotations
