@@ -22,7 +22,7 @@ centroids are kept. `python bench/retrieval_multi.py --first-stage --docs 80 --q
 (en-news-deep, MiniLM token states, 2026-12-07) measured the share of the exact MaxSim top 10
 found among 64 candidates: centroids 0.993 at nprobe 2, 4 or 8 (767 centroids), MUVERA 0.917
 (2,560 dimensions) and 0.947 (10,240); MUVERA was faster (1-2 ms a query against 15-28 ms, on a
-loaded machine). At 256 candidates both found all, on a corpus of a few hundred passages: a
+loaded machine). At 256 candidates both found all, on a corpus of 295 passages: a
 small set, so the choice rests on the recall at 64.
 """
 
