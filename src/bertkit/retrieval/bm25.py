@@ -10,7 +10,9 @@ computes the same sum without the constant factor (k1 + 1), which `scores` puts 
 numbers stay those of the definition. Tokens: lowercase word characters; CJK text (no spaces) as
 character bigrams (`cjk="bigram"`, the default: what BM25 over Chinese usually indexes, and it
 needs no dictionary) or as jieba's words (`cjk="jieba"`, its precise mode), recorded with the
-index so that queries are cut the same way.
+index so that queries are cut the same way. On zh-news-retrieval (300 paragraphs, 40 test queries,
+`bench/retrieval_multi.py --set zh-news-retrieval --docs 300 --queries 40`, 2026-12-07) bigrams
+scored MRR@10 0.636 and jieba's words 0.551, so bigrams stay the default.
 """
 
 from __future__ import annotations
