@@ -484,3 +484,54 @@ def test_rerank_late_interaction_contract(case, assets, tmp_path, capsys):
     assert status == 2 and len(lines) == 1 and lines[0].startswith("bertkit rerank: error: ")
     assert named.format(**values) in lines[0]
     assert snapshot(tmp_path, assets["PT"].parent) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# bad values of single flags: one line naming the value (and the fix), nothing written
+# ---------------------------------------------------------------------------------------------
+_NEW_INDEX = ["index", "{TEXTS}", "--model", "{PT}", "--out", "{OUT}", "--no-progress"]
+FLAG_CASES: dict[str, tuple[list[str], str]] = {
+    "index --vector-dtype on faiss": ([*_NEW_INDEX, "--vector-dtype", "int8", "--backend", "faiss-hnsw"],
+                                      "--vector-dtype int8 is for the exact backend"),
+    "index --rescore-multiplier 0": ([*_NEW_INDEX, "--vector-dtype", "binary", "--rescore-multiplier", "0"],
+                                     "--rescore-multiplier 0"),
+    "index --rescore-multiplier on floats": ([*_NEW_INDEX, "--rescore-multiplier", "3"],
+                                             "--rescore-multiplier 3 re-scores int8 or binary codes"),
+    "index --no-float-rescore on floats": ([*_NEW_INDEX, "--no-float-rescore"],
+                                           "--no-float-rescore re-scores int8 or binary codes"),
+    "index --multi-vector on an update": (["index", "--out", "{INDEX}", "--delete", "d0", "--multi-vector"],
+                                          "--multi-vector token-states with --upsert / --delete"),
+    "index --multi-vector KIND": ([*_NEW_INDEX, "--multi-vector", "colbert"], "'colbert'"),
+    "index --mv-nbits": ([*_NEW_INDEX, "--multi-vector", "--mv-nbits", "3"], "--mv-nbits 3"),
+    "index --mv-centroids": ([*_NEW_INDEX, "--multi-vector", "--mv-centroids", "0"], "--mv-centroids 0"),
+    "search --multi-vector without a side": (["search", "{INDEX}", "the cat", "--multi-vector"],
+                                             "has no multi-vector side"),
+    "search --mv-nprobe": (["search", "{INDEX}", "the cat", "--multi-vector", "--mv-nprobe", "0"], "--mv-nprobe 0"),
+    "search --rescore-multiplier": (["search", "{INDEX}", "the cat", "--rescore-multiplier", "0"],
+                                    "rescore multiplier 0"),
+    "search --hybrid weighted --systems": (["search", "{INDEX}", "the cat", "--hybrid", "weighted", "--systems",
+                                            "dense,multivector"], "has no multi-vector side"),
+}
+# Flags whose bad values argparse refuses by their choices (usage and error, exit 2).
+CHOICE_FLAGS = {("index", "--vector-dtype"): {"float32", "int8", "binary"},
+                ("index", "--bm25-cjk"): {"bigram", "jieba"}, ("search", "--hybrid"): {"rrf", "zscore", "weighted"}}
+
+
+@pytest.mark.parametrize("name", sorted(FLAG_CASES))
+def test_bad_flag_values(name, assets, tmp_path, capsys):
+    template, says = FLAG_CASES[name]
+    values = {key: str(path) for key, path in assets.items()} | {"OUT": str(tmp_path / "out")}
+    before = snapshot(tmp_path, assets["INDEX"])
+    status = cli.main([arg.format(**values) if "{" in arg else arg for arg in template] + ["--threads", "1"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert status == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith(f"bertkit {template[0]}: error: ") and says in lines[0], err
+    assert snapshot(tmp_path, assets["INDEX"]) == before
+
+
+def test_choice_flags_offer_their_values():
+    for (command, flag), values in CHOICE_FLAGS.items():
+        parser = cli.command_parsers(cli.build_parser())[command]
+        (action,) = [a for a in parser._actions if flag in a.option_strings]
+        assert set(action.choices) == values

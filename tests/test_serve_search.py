@@ -15,6 +15,7 @@ from bertkit.data.tokenizer import BertTokenizer
 from bertkit.encoder.heads import BertForSequenceClassification
 from bertkit.inference import Engine
 from bertkit.retrieval import Searcher, build_index
+from bertkit.retrieval.multivector import build_multivector
 from bertkit.serve import Limits, Service, build_app, load_model
 from bertkit.serve.search import load_indexes, parse_index_args
 
@@ -49,6 +50,7 @@ def setup(minilm_dir, tmp_path_factory):
     tiny_corpus = write_corpus(root / "tiny.jsonl", ["the cat sees a red ball", "a dog runs in the park",
                                                      "the team wins the big game"])
     build_index(tiny_corpus, tiny_dir, root / "tiny", progress=False)
+    build_multivector(root / "tiny", tiny_dir)  # its multi-vector side: systems / weighted fusion
     cross = save_tiny(BertForSequenceClassification, BertTokenizer.from_pretrained(minilm_dir), root / "cross",
                       id2label={0: "LABEL_0"})
     models = {"minilm": load_model("minilm", minilm_dir), "cross": load_model("cross", cross)}
@@ -170,6 +172,13 @@ BAD = [
     ({"query": "x", "rerank": "cross", "top_k": 20, "candidates": 10}, 422, "raise `candidates`"),
     ({"query": "x", "index": "plain", "hybrid": "rrf"}, 422, "has no BM25 index for hybrid search"),
     ({"query": "x", "hybrid": "bm25"}, 422, "`hybrid`"),
+    ({"query": "x", "systems": ["multivector"]}, 422, "index 'news' has none; build it with `bertkit index "
+     "--multi-vector`"),
+    ({"query": "x", "index": "tiny", "systems": ["dense", "multivector"]}, 422,
+     "dense + multivector are several rankings: pass a fusion (`hybrid` rrf, zscore or weighted)"),
+    ({"query": "x", "systems": ["colbert"]}, 422, "`systems[0]`"),
+    ({"query": "x", "systems": []}, 422, "`systems`"),
+    ({"query": "x", "hybrid": "weighted", "systems": ["dense", "dense", "bm25", "bm25"]}, 422, "`systems`"),
     ({"query": "x", "qurey": "y"}, 422, "unknown field `qurey`"),
 ]
 
@@ -180,6 +189,20 @@ def test_bad_search_requests(setup, request_body, status, message):
     assert got.status_code == status, got.text
     assert message in got.json()["error"], got.json()
     assert setup["client"].get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("options", [{"systems": ["multivector"]},
+                                     {"hybrid": "weighted", "systems": ["dense", "bm25", "multivector"]},
+                                     {"hybrid": "rrf", "systems": ["dense", "multivector"]}])
+def test_multivector_and_weighted_fusion_equal_the_library(setup, options):
+    got = setup["client"].post("/search", json={"query": ["a red ball", "the park"], "index": "tiny", "top_k": 3,
+                                               **options})
+    assert got.status_code == 200, got.text
+    searcher = Searcher.open(setup["root"] / "tiny", model=setup["tiny"], multi_vector=True)
+    want = [[h.to_dict() for h in hits] for hits in searcher.search(["a red ball", "the park"], top_k=3, **options)]
+    for g, w in zip(got.json()["documents"], want):
+        same(g, w)
+        assert [h["multivector_score"] for h in g] == pytest.approx([h["multivector_score"] for h in w], abs=1e-5)
 
 
 def test_a_long_query_is_cut_when_asked(setup):

@@ -170,8 +170,8 @@ class Model:
                normalize_embeddings: bool | None = None, convert_to_tensor: bool = False,
                convert_to_numpy: bool = True, pooling: str | None = None, prompt_name: str | None = None,
                prompt: str | None = None, truncate_dim: int | None = None,
-               show_progress_bar: bool = False, output: str | Sequence[str] | None = None
-               ) -> np.ndarray | torch.Tensor | dict[str, Any]:
+               show_progress_bar: bool = False, output: str | Sequence[str] | None = None,
+               precision: str = "float32") -> np.ndarray | torch.Tensor | dict[str, Any]:
         """Sentence embeddings: (N, H) float32 for a list, (H,) for one string.
 
         batch_size: texts per engine call (default 1,024; the engine packs each call by tokens).
@@ -188,14 +188,22 @@ class Model:
         model with M3's head files; dense alone runs on any model): a dict by output name of
         dense (N, H) unit rows, sparse [{token id as str: weight}] (FlagEmbedding's
         lexical_weights) and colbert [(T - 1, D) unit rows], per text (one string: its own).
+        precision: float32, or codes as sentence-transformers' `quantize_embeddings` makes them
+        (int8 / uint8: (N, H), each dimension's range calibrated on these texts' vectors; binary /
+        ubinary: sign bits packed (N, ⌈H / 8⌉)); `bertkit.retrieval.quantize` holds the rules.
         """
+        from bertkit.retrieval.quantize import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
         single = isinstance(texts, str)
         texts = as_texts(texts)
         prefix = resolve_prompt({"prompts": self.prompts, "default_prompt_name": self.default_prompt_name},
                                 prompt_name, prompt)
         if output is not None:
-            if pooling is not None or truncate_dim is not None or normalize or normalize_embeddings:
-                raise ValueError("pooling, normalize and truncate_dim shape encode's one dense vector; with "
+            if (pooling is not None or truncate_dim is not None or normalize or normalize_embeddings
+                    or precision != "float32"):
+                raise ValueError("pooling, normalize, truncate_dim and precision shape encode's one dense vector; with "
                                  "output=, dense is BGE-M3's unit [CLS] vector (without M3's heads: the "
                                  "model's pooling, unit length): leave them out")
             chunk = _chunk_size(batch_size)
@@ -220,6 +228,10 @@ class Model:
             vectors = vectors[:, :dim]
             if unit:
                 vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        if precision != "float32":
+            from bertkit.retrieval.quantize import quantize
+
+            vectors = torch.from_numpy(quantize(vectors.numpy(), precision))  # (N, H) or (N, ⌈H / 8⌉) codes
         if single:
             vectors = vectors[0]
         if convert_to_tensor:

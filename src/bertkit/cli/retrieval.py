@@ -55,7 +55,23 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                    help="IVF-PQ: re-score the best refine·k exactly from the vectors (4; 0: PQ scores only)")
     g.add_argument("--qdrant-url", default=None, help="a Qdrant server or cluster, e.g. http://127.0.0.1:6333 "
                    "(default: embedded, in this process)")
+    g.add_argument("--vector-dtype", default="float32", choices=["float32", "int8", "binary"],
+                   help="exact backend: search int8 (1/4 the bytes) or binary (1/32) codes of the vectors, "
+                   "re-scoring the best candidates with the float vectors kept on disk (float32)")
+    g.add_argument("--rescore-multiplier", type=int, default=None,
+                   help="int8 / binary: candidates re-scored in float, as a multiple of --top-k (4)")
+    g.add_argument("--no-float-rescore", action="store_false", dest="float_rescore",
+                   help="int8 / binary: re-score on the codes themselves (sentence-transformers' rescoring), "
+                   "not on the float vectors kept on disk")
     g.add_argument("--no-bm25", action="store_false", dest="bm25", help="no BM25 index (no --hybrid search)")
+    g.add_argument("--bm25-cjk", choices=["bigram", "jieba"], default="bigram",
+                   help="BM25's tokens of Chinese text: character bigrams (default) or jieba's words")
+    g = p.add_argument_group("multi-vector side (late interaction)")
+    g.add_argument("--multi-vector", nargs="?", const="token-states", default=None, metavar="KIND",
+                   help="also store every passage's token vectors, compressed (centroids + residual bits), "
+                   "for search --multi-vector; KIND: where they come from (token-states: the model's own)")
+    g.add_argument("--mv-nbits", type=int, default=2, help="bits per dimension of a token's residual (2)")
+    g.add_argument("--mv-centroids", type=int, default=None, help="k-means centroids (2^⌊log2(16·√tokens)⌋)")
     g = p.add_argument_group("sparse side (SPLADE)")
     g.add_argument("--sparse-model", default=None,
                    help="also encode the passages with this masked-LM model's SPLADE weights (an inverted "
@@ -70,17 +86,38 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 def _backend_params(args: argparse.Namespace) -> dict:
     named = {"M": args.hnsw_m, "ef_construction": args.ef_construction, "nlist": args.nlist, "m": args.pq_m,
-             "refine": args.refine, "url": args.qdrant_url}
+             "refine": args.refine, "url": args.qdrant_url, "rescore_multiplier": args.rescore_multiplier}
+    if args.vector_dtype != "float32":
+        named["vector_dtype"] = args.vector_dtype
+        named["rescore_float"] = args.float_rescore
+    elif not args.float_rescore:
+        raise ValueError("--no-float-rescore re-scores int8 or binary codes; pass --vector-dtype int8 or binary")
+    elif args.rescore_multiplier is not None:
+        raise ValueError(f"--rescore-multiplier {args.rescore_multiplier} re-scores int8 or binary codes; "
+                         "pass --vector-dtype int8 or binary")
     return {k: v for k, v in named.items() if v is not None}
 
 
 def _run_index(args: argparse.Namespace) -> None:
     from bertkit.retrieval.index import IndexConfig, run_build_index
 
+    if (args.upsert or args.delete) and args.multi_vector:
+        raise ValueError(f"--multi-vector {args.multi_vector} with --upsert / --delete: an update keeps the "
+                         "index's own multi-vector side, if it has one; to add one, build the index again "
+                         "with --multi-vector")
     if args.upsert or args.delete:
         return _run_update(args)
     if args.corpus is None and args.model is None and args.sparse_model:
         return _run_sparse_side(args)
+    if args.multi_vector:
+        from bertkit.retrieval.residual import check_nbits, import_kmeans
+        from bertkit.retrieval.token_vectors import token_vector_kind
+
+        token_vector_kind(args.multi_vector)
+        import_kmeans()
+        check_nbits(args.mv_nbits)
+        if args.mv_centroids is not None and args.mv_centroids < 1:
+            raise ValueError(f"--mv-centroids {args.mv_centroids} must be positive")
     if args.corpus is None or args.model is None:
         raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
     engine_options = {"precision": args.precision, "max_batch_tokens": args.max_batch_tokens,
@@ -90,14 +127,27 @@ def _run_index(args: argparse.Namespace) -> None:
                          id_field=args.id_field, pooling=args.pooling, passage_tokens=args.passage_tokens,
                          passage_overlap=args.passage_overlap, late_chunking=args.late_chunking,
                          backend=args.backend, backend_params=_backend_params(args), bm25=args.bm25,
-                         engine_options=engine_options)
+                         bm25_cjk=args.bm25_cjk, engine_options=engine_options)
     summary = run_build_index(config)
     truncated = f", {summary['truncated']} truncated" if summary["truncated"] else ""
     print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
           f"{summary['skipped']} rows skipped{truncated}; backend {summary['backend']}) into "
           f"{summary['out']} in {summary['seconds']:.1f} s")
+    if args.multi_vector:
+        _run_multivector_side(args)
     if args.sparse_model:
         _run_sparse_side(args)
+
+
+def _run_multivector_side(args: argparse.Namespace) -> None:
+    from bertkit.retrieval.multivector import build_multivector
+
+    summary = build_multivector(args.out, args.model, kind=args.multi_vector, nbits=args.mv_nbits,
+                                centroids=args.mv_centroids, precision=args.precision,
+                                max_batch_tokens=args.max_batch_tokens, device=args.device,
+                                **({"max_length": args.max_length} if args.max_length else {}))
+    print(f"multi-vector side: {summary['tokens']} token vectors of {summary['rows']} passages over "
+          f"{summary['centroids']} centroids in {summary['seconds']:.1f} s")
 
 
 def _run_sparse_side(args: argparse.Namespace) -> None:
@@ -145,18 +195,26 @@ def _add_search(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rerank-weight", type=float, default=1.0,
                    help="order by W · reranker + (1 − W) · first stage, each standardised over a "
                    "query's candidates (1: the reranker alone; pick W on dev queries)")
-    p.add_argument("--hybrid", choices=["rrf", "zscore"], default=None,
-                   help="fuse the dense ranking with BM25's (and the sparse one's with --sparse): "
-                   "reciprocal-rank fusion or equal-weight z-scores")
+    p.add_argument("--hybrid", choices=["rrf", "zscore", "weighted"], default=None,
+                   help="fuse the dense ranking with BM25's (and the sparse and multi-vector ones' with "
+                   "--sparse / --multi-vector): reciprocal-rank fusion, equal-weight z-scores, or BGE-M3's "
+                   "weighted sum of scores (dense 0.4, lexical 0.2, multi-vector 0.4)")
     p.add_argument("--sparse", action="store_true",
                    help="search the index's sparse (SPLADE) side: alone, or fused with dense and BM25 under --hybrid")
+    p.add_argument("--multi-vector", action="store_true",
+                   help="search the index's multi-vector side by MaxSim: alone, or fused under --hybrid")
+    p.add_argument("--mv-nprobe", type=int, default=4, help="multi-vector: centroids probed per query token (4)")
+    p.add_argument("--mv-candidates", type=int, default=256,
+                   help="multi-vector: passages scored by exact MaxSim after the centroid stage (256)")
     p.add_argument("--systems", default=None,
-                   help="with --hybrid: the rankings to fuse, comma-separated among dense, bm25, sparse "
-                   "(default: dense,bm25, plus sparse with --sparse)")
+                   help="with --hybrid: the rankings to fuse, comma-separated among dense, bm25, sparse, "
+                   "multivector (default: dense,bm25, plus sparse / multivector with --sparse / --multi-vector)")
     p.add_argument("--sparse-model", default=None,
                    help="query model of the sparse side (default: the one it was built with; must be the same)")
     p.add_argument("--ef", type=int, default=None, help="faiss-hnsw search beam (the index's, 128)")
     p.add_argument("--nprobe", type=int, default=None, help="faiss-ivfpq lists searched (the index's)")
+    p.add_argument("--rescore-multiplier", type=int, default=None,
+                   help="int8 / binary index: candidates re-scored in float, × --top-k (the index's, 4)")
     p.add_argument("--qdrant-url", default=None, help="the Qdrant server to query (default: the index's)")
     p.add_argument("--model", default=None, help="query model (default: the index's; must be the same)")
     add_engine_arguments(p)
@@ -180,11 +238,18 @@ def _systems(args: argparse.Namespace) -> tuple[str, ...] | None:
         if not args.hybrid:
             raise ValueError("--systems names the rankings --hybrid fuses; pass --hybrid rrf or zscore")
         systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
-        if args.sparse and "sparse" not in systems:
-            raise ValueError(f"--sparse with --systems {args.systems}: add sparse to --systems, or drop --sparse")
+        for flag, name in ((args.sparse, "sparse"), (args.multi_vector, "multivector")):
+            if flag and name not in systems:
+                raise ValueError(f"--{name.replace('multivector', 'multi-vector')} with --systems {args.systems}: "
+                                 f"add {name} to --systems, or drop the flag")
         return systems
-    if args.sparse:
-        return ("dense", "bm25", "sparse") if args.hybrid else ("sparse",)
+    extra = tuple(name for flag, name in ((args.sparse, "sparse"), (args.multi_vector, "multivector")) if flag)
+    if extra:
+        if args.hybrid:
+            return ("dense", "bm25", *extra)
+        if len(extra) > 1:
+            raise ValueError("--sparse with --multi-vector are two rankings: pass --hybrid rrf, zscore or weighted")
+        return extra
     return None
 
 
@@ -195,26 +260,30 @@ def _run_search(args: argparse.Namespace) -> None:
         raise ValueError("give queries on the command line or --input FILE (one of the two)")
     queries = _read_queries(args.input, args.query_field) if args.input else args.queries
     systems = _systems(args)
+    if args.mv_nprobe < 1 or args.mv_candidates < 1:
+        raise ValueError(f"--mv-nprobe {args.mv_nprobe} and --mv-candidates {args.mv_candidates} must be positive")
     searcher = Searcher.open(args.index, model=args.model, rerank=args.rerank,
                              rerank_max_length=args.rerank_max_length,
                              backend_options={"url": args.qdrant_url} if args.qdrant_url else None,
                              sparse="sparse" in (systems or ()), sparse_model=args.sparse_model,
-                             precision=args.precision, device=args.device)
+                             multi_vector="multivector" in (systems or ()), precision=args.precision,
+                             device=args.device)
+    searcher.mv_nprobe, searcher.mv_candidates = args.mv_nprobe, args.mv_candidates
     results = searcher.search(queries, top_k=args.top_k, candidates=args.candidates,
                               rerank_weight=args.rerank_weight, hybrid=args.hybrid, ef=args.ef,
-                              nprobe=args.nprobe, systems=systems)
+                              nprobe=args.nprobe, systems=systems, rescore_multiplier=args.rescore_multiplier)
     if args.json or args.input:
         return print_json({"query": q, "hits": [h.to_dict() for h in hits]}
                           for q, hits in zip(queries, results))
     stage = "inner product" if not args.rerank else "reranked" if args.rerank_weight == 1.0 \
         else f"reranked, fused at weight {args.rerank_weight:g}"
-    if systems == ("sparse",):
-        stage = "sparse" + stage[len("inner product"):]
+    if systems in (("sparse",), ("multivector",)):
+        stage = {"sparse": "sparse", "multivector": "MaxSim"}[systems[0]] + stage[len("inner product"):]
     elif args.hybrid and systems:
         stage = f"{' + '.join(systems)} ({args.hybrid})" + ("" if not args.rerank else f", {stage}")
     elif args.hybrid:
         stage = f"+ BM25 ({args.hybrid})" + ("" if not args.rerank else f", {stage}")
-    if (searcher.backend.name != "exact" or args.hybrid) and systems != ("sparse",):
+    if (searcher.backend.name != "exact" or args.hybrid) and systems not in (("sparse",), ("multivector",)):
         stage = f"{searcher.backend.name} {stage}"
     for query, hits in zip(queries, results):
         print(f"{query}  ({stage}; retrieve {searcher.timings['retrieve_ms']:.0f} ms, "

@@ -40,9 +40,16 @@ def maxsim_scores(query: torch.Tensor, documents: Sequence[torch.Tensor], *,
     if bool((lengths == 0).any()):
         raise ValueError("MaxSim needs at least one token in every document")
     stacked = torch.cat([document.float() for document in documents])  # (ΣT, D)
-    similarity = query.float() @ stacked.T                              # (Q, ΣT)
-    segment = torch.repeat_interleave(torch.arange(len(documents)), lengths)  # (ΣT,) document of each column
-    best = torch.full((len(query), len(documents)), float("-inf"))      # (Q, K)
+    return maxsim_packed(query, stacked, lengths, normalize=normalize)
+
+
+def maxsim_packed(query: torch.Tensor, stacked: torch.Tensor, lengths: torch.Tensor, *,
+                  normalize: bool = False) -> torch.Tensor:
+    """`maxsim_scores` of documents already stacked end to end: stacked (ΣT, D), lengths (K,)
+    int64 tokens of each (all > 0), in order. float32 (K,) scores."""
+    similarity = query.float() @ stacked.float().T                      # (Q, ΣT)
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # (ΣT,) document of each column
+    best = torch.full((len(query), len(lengths)), float("-inf"))        # (Q, K)
     best = best.scatter_reduce(1, segment.expand(len(query), -1), similarity, reduce="amax")
     scores = best.sum(dim=0)                                            # (K,)
     return scores / len(query) if normalize else scores

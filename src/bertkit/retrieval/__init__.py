@@ -8,8 +8,10 @@ rerank the candidates with a cross-encoder, and score the result.
 Modules: `index` (build, resume, open), `passages` (long documents cut by the tokenizer; late
 chunking), `store` (documents, passages), `backends` (exact, FAISS HNSW / IVF-PQ, Qdrant),
 `exact` (chunked exact top-k), `search` (documents by best passage, hybrid, reranking), `fusion`
-(z-score and reciprocal-rank fusion), `metrics` (MRR@10, Recall@k, nDCG@10), `bm25` (BM25 by
-bm25s, for hybrid search, mining negatives and baselines), `datasets` (built-in retrieval sets).
+(z-score, reciprocal-rank fusion, BGE-M3's weighted sum), `metrics` (MRR@10, Recall@k, nDCG@10),
+`bm25` (BM25 by bm25s, for hybrid search, mining negatives and baselines), `datasets` (built-in
+retrieval sets), `quantize` (int8 / binary codes of the vectors), `multivector` (the multi-vector
+side: token vectors compressed by `residual`, from a kind of `token_vectors`, searched by MaxSim).
 """
 
 from bertkit.retrieval.exact import top_k_inner_product

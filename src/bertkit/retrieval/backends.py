@@ -1,7 +1,9 @@
 """Where an index's vectors are searched: one interface, chosen at build time, recorded in
 index.json.
 
-- `exact` (the default, no dependency): chunked inner product over the memory-mapped vectors;
+- `exact` (the default, no dependency): chunked inner product over the memory-mapped vectors, or
+  with `vector_dtype` int8 / binary over the vectors' codes, the best `rescore_multiplier` × k
+  re-scored in float (`quantize`);
 - `faiss-hnsw` (`bertkit[faiss]`): a FAISS HNSW graph (M, efConstruction); search-time `ef`;
 - `faiss-ivfpq` (`bertkit[faiss]`): FAISS IVF-PQ trained on the corpus' own vectors; search-time
   `nprobe`, then the best `refine` × k re-scored exactly from the vectors on disk;
@@ -89,7 +91,9 @@ def build(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], *, 
     if name == "qdrant":
         params = {"collection": f"bertkit-{Path(out).resolve().name}", **params}
     if name == "exact":
-        pass
+        if params.get("vector_dtype", "float32") != "float32":
+            params = {"rescore_multiplier": 4, **params}  # 4 × k candidates re-scored in float
+        _build_codes(out, vectors, params)
     elif name.startswith("faiss"):
         _build_faiss(name, out, vectors, params, seed)
     elif name == "qdrant" and params.get("url"):
@@ -98,6 +102,35 @@ def build(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], *, 
     elif name == "qdrant":
         import_qdrant()  # embedded: loaded from vectors.npy when opened; fail now if missing
     return {"name": name, **params, "build_seconds": round(time.monotonic() - started, 3)}
+
+
+def _build_codes(out: Path, vectors: np.ndarray, params: dict[str, Any]) -> None:
+    """codes.npy (and ranges.npy for int8) beside the float vectors, for an int8 / binary index."""
+    from bertkit.retrieval import quantize
+    from bertkit.retrieval.store import save_npy
+
+    check_vector_dtype("exact", params)
+    dtype = params.get("vector_dtype", "float32")
+    for name in (quantize.CODES_FILE, quantize.RANGES_FILE):
+        (Path(out) / name).unlink(missing_ok=True)
+    if dtype == "float32":
+        return
+    codes, ranges = quantize.QuantizedVectors.build(dtype, vectors)
+    save_npy(Path(out) / quantize.CODES_FILE, codes)
+    if ranges is not None:
+        save_npy(Path(out) / quantize.RANGES_FILE, ranges)
+
+
+def check_vector_dtype(name: str, params: dict[str, Any]) -> None:
+    """int8 / binary codes are the exact backend's; the FAISS and Qdrant ones keep their own."""
+    from bertkit.retrieval.quantize import check_vector_dtype as check_name
+
+    dtype = check_name(params.get("vector_dtype", "float32"))
+    if params.get("rescore_multiplier", 1) < 1:
+        raise ValueError(f"--rescore-multiplier {params['rescore_multiplier']} must be 1 or more (1: no oversampling)")
+    if dtype != "float32" and name != "exact":
+        raise ValueError(f"--vector-dtype {dtype} is for the exact backend (the {name} backend keeps its own "
+                         "codes; faiss-ivfpq compresses too); drop --vector-dtype or pass --backend exact")
 
 
 def _build_faiss(name: str, out: Path, vectors: np.ndarray, params: dict[str, Any], seed: int) -> None:
@@ -172,6 +205,11 @@ class Backend:
             if self.handle.ntotal != len(vectors):
                 raise ValueError(f"{file} holds {self.handle.ntotal} vectors, the index {len(vectors)}; "
                                  "rebuild it with `bertkit index ... --resume`")
+        elif name == "exact" and self.params.get("vector_dtype", "float32") != "float32":
+            from bertkit.retrieval.quantize import open_codes
+
+            self.handle = open_codes(self.path, self.params["vector_dtype"], vectors,
+                                     rescore_float=self.params.get("rescore_float", True))
         elif name == "qdrant":
             self.collection = self.params.get("collection", QDRANT_COLLECTION)
             self.handle = qdrant_client_for(self.params)
@@ -185,14 +223,19 @@ class Backend:
         if self.name == "faiss-ivfpq":
             return int(self.handle.ntotal * (self.params["m"] * self.params["bits"] // 8 + 8)
                        + self.params["nlist"] * self.vectors.shape[1] * 4)
+        if self.name == "exact" and self.handle is not None:
+            return self.handle.memory_bytes()
         return int(self.vectors.shape[0] * self.vectors.shape[1] * 4) if self.name == "qdrant" else 0
 
     def search(self, queries: np.ndarray, k: int, *, ef: int | None = None, nprobe: int | None = None,
-               refine: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+               refine: int | None = None, rescore_multiplier: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """queries (Q, H) float32 → (scores (Q, k), rows (Q, k) int64), best first; rows -1 where
         the backend found fewer than k."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         k = max(1, min(k, len(self.vectors)))
+        if self.name == "exact" and self.handle is not None:  # int8 / binary codes
+            m = rescore_multiplier if rescore_multiplier is not None else self.params.get("rescore_multiplier", 4)
+            return self.handle.search(queries, k, m)
         if self.name == "exact":
             from bertkit.retrieval.exact import top_k_inner_product
 

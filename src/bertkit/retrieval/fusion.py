@@ -1,5 +1,6 @@
-"""Fusing two rankings of one query's candidates: the z-score mix (the reranker's `--rerank-weight`
-and hybrid search's `zscore`) and reciprocal-rank fusion (Cormack et al. 2009, hybrid's `rrf`)."""
+"""Fusing rankings of one query's candidates: the z-score mix (the reranker's `--rerank-weight`
+and hybrid search's `zscore`), reciprocal-rank fusion (Cormack et al. 2009, hybrid's `rrf`) and
+BGE-M3's weighted sum of scores (Chen et al. 2024, hybrid's `weighted`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Sequence
 import numpy as np
 
 RRF_K = 60  # Cormack et al.'s constant: a rank-1 hit adds 1/61; the value the paper and most engines use
-HYBRID = ("rrf", "zscore")
+HYBRID = ("rrf", "zscore", "weighted")
+# BGE-M3's weights (FlagEmbedding's compute_score: dense 0.4, its lexical side 0.2, multi-vector
+# 0.4); BM25 and SPLADE take the lexical side's weight.
+M3_WEIGHTS = {"dense": 0.4, "bm25": 0.2, "sparse": 0.2, "multivector": 0.4}
+LEXICAL = ("bm25", "sparse")
 
 
 def check_rerank_weight(weight: float) -> None:
@@ -48,3 +53,20 @@ def rrf(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> dict[int, float]:
         for rank, item in enumerate(ranking, start=1):
             out[item] = out.get(item, 0.0) + 1.0 / (k + rank)
     return out
+
+
+def weighted_sum(columns: dict[str, np.ndarray], weights: dict[str, float] | None = None) -> np.ndarray:
+    """BGE-M3's hybrid score of one query's candidates: Σ w_s · score_s / Σ w_s over the systems
+    given. columns: system → (C,) scores; dense a cosine, multivector MaxSim divided by the
+    query's tokens (M3's colbert_score), both in [-1, 1]. Where we differ from M3: its lexical
+    scores are its own term weights' products, already near that range; BM25's and SPLADE's are
+    unbounded, so each is divided by its best among these candidates (into [0, 1]) first."""
+    weights = {**M3_WEIGHTS, **(weights or {})}
+    total = np.zeros(len(next(iter(columns.values()))), dtype=np.float64)
+    for system, scores in columns.items():
+        x = np.asarray(scores, dtype=np.float64)
+        if system in LEXICAL:
+            top = x.max(initial=0.0)
+            x = x / top if top > 0 else np.zeros_like(x)
+        total += weights[system] * x
+    return total / sum(weights[s] for s in columns)

@@ -7,6 +7,7 @@ model's own tokenizer (`passages`), and streams the passages through the inferen
   INDEX/docs.jsonl, offsets.npy, passages.jsonl, passages.npy   the text side (`store`)
   INDEX/vectors.npy    (P, H) float32, row i = passage i (streamed, resumable: files.run_file)
   INDEX/faiss.index    the FAISS structure, for the faiss backends (`backends`)
+  INDEX/codes.npy      int8 or binary codes of the vectors, ranges.npy their int8 ranges (`quantize`)
   INDEX/bm25/          the BM25 index of the same passages (`bm25`), for hybrid search
   INDEX/index.json     written last: the model directory, its fingerprint (weights, config,
                        pooling files, tokenizer), pooling, the passage settings, the backend and
@@ -35,6 +36,7 @@ import numpy as np
 
 from bertkit.retrieval import backends
 from bertkit.retrieval.passages import embed_late, late_chunk_windows, split_passages, tokenize_documents
+from bertkit.retrieval.quantize import CODES_FILE, RANGES_FILE
 from bertkit.retrieval.store import DOCS_FILE, OFFSETS_FILE, PASSAGE_MAP_FILE, PASSAGES_FILE, read_lines, write_store
 from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory
 
@@ -43,8 +45,9 @@ log = logging.getLogger(__name__)
 INDEX_FILE = "index.json"
 VECTORS_FILE = "vectors.npy"
 BM25_DIR = "bm25"
+MV_DIR = "multivector"  # the multi-vector side (`multivector`), built beside the index
 INDEX_OUTPUTS = (INDEX_FILE, VECTORS_FILE, DOCS_FILE, OFFSETS_FILE, PASSAGES_FILE, PASSAGE_MAP_FILE,
-                 backends.FAISS_FILE, BM25_DIR)
+                 backends.FAISS_FILE, BM25_DIR, CODES_FILE, RANGES_FILE, MV_DIR)
 FORMAT = 2  # 1: one vector per document, no passages (still read)
 # Files of a model directory that decide its vectors, besides the tokenizer (hashed on its own).
 MODEL_FILES = ("config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json")
@@ -122,8 +125,11 @@ class IndexConfig:
     # "exact" | "faiss-hnsw" (or "faiss") | "faiss-ivfpq" | "qdrant" (`backends`): exact search
     # needs no extra library and is fast enough up to about a million passages.
     backend: str = "exact"
-    backend_params: dict[str, Any] = field(default_factory=dict)  # over `backends.default_params`, e.g. {"M": 16}
+    # over `backends.default_params`, e.g. {"M": 16}; the exact backend's {"vector_dtype": "int8"
+    # or "binary", "rescore_multiplier": m} searches codes (`quantize`)
+    backend_params: dict[str, Any] = field(default_factory=dict)
     bm25: bool = True  # also index the same passages for BM25, so hybrid search works on any index
+    bm25_cjk: str = "bigram"  # BM25's Chinese / Japanese tokens: character bigrams, or "jieba"'s words
     # Engine.load options when model is a directory (precision, max_batch_tokens, max_length, device).
     engine_options: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +143,9 @@ class IndexConfig:
             raise ValueError("resume and overwrite exclude each other; pass one")
         if not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+        from bertkit.retrieval.bm25 import check_cjk
+
+        check_cjk(self.bm25_cjk)
         if self.passage_overlap < 0:
             raise ValueError(f"--passage-overlap {self.passage_overlap} must be 0 or more pieces")
 
@@ -169,6 +178,7 @@ def run_build_index(config: IndexConfig) -> dict[str, Any]:
     started = time.monotonic()
     backend = backends.resolve_backend(config.backend)
     params_override = dict(config.backend_params)
+    backends.check_vector_dtype(backend, params_override)
     if backend.startswith("faiss"):
         backends.import_faiss()
     elif backend == "qdrant":
@@ -249,9 +259,11 @@ def run_build_index(config: IndexConfig) -> dict[str, Any]:
     if config.bm25:
         from bertkit.retrieval.bm25 import BM25
 
-        BM25.fit(p["text"] for p in passage_texts(out / PASSAGES_FILE)).save(out / BM25_DIR)
+        texts = (p["text"] for p in passage_texts(out / PASSAGES_FILE))
+        BM25.fit(texts, cjk=config.bm25_cjk).save(out / BM25_DIR)
     meta = {"format": FORMAT, **settings, "rows": rows, "documents": docs, "dim": engine.config.hidden_size,
-            "backend": built, "bm25": config.bm25, "truncated": engine.stats.truncated - truncated_before,
+            "backend": built, "bm25": config.bm25, "bm25_cjk": config.bm25_cjk,
+            "truncated": engine.stats.truncated - truncated_before,
             "corpus": str(corpus.resolve()), "text_field": config.text_field, "id_field": config.id_field,
             "skipped": report.n_skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_json(out / INDEX_FILE, meta)

@@ -1,13 +1,15 @@
-"""Search an index: dense (any backend), BM25, sparse (SPLADE, `sparse`), or any of them fused;
-documents by their best passage; optional cross-encoder reranking.
+"""Search an index: dense (any backend), BM25, sparse (SPLADE, `sparse`), multi-vector (late
+interaction, `multivector`), or any of them fused; documents by their best passage; optional
+cross-encoder reranking.
 
 `search(index_dir, queries, ...)` embeds the queries with the index's own model (another model
 is refused: its vectors live in another space), asks the index's backend (`backends`) for the best
 passages, and ranks documents by their best passage's score (max aggregation: the first k
 distinct documents of the passage ranking are exactly the k best documents, so the backend is
 asked for more passages until k distinct documents appear). `hybrid="rrf" | "zscore"` fuses that
-ranking with BM25's over the same passages (`fusion`); `systems` names which rankings a search
-reads or fuses: dense, bm25 and sparse (the index's sparse side, opened with `sparse=True`). It
+ranking with BM25's over the same passages (`fusion`), and `"weighted"` by BGE-M3's weighted sum
+of scores; `systems` names which rankings a search reads or fuses: dense, bm25, sparse (the
+index's sparse side, opened with `sparse=True`) and multivector (`multi_vector=True`). It
 retrieves `candidates` documents per query and, with `rerank=CROSS_ENCODER`, orders those by
 the cross-encoder's scores of their best passage and keeps `top_k`.
 `rerank_weight` below 1 orders them by a mix of both stages instead (`fuse_scores`): on the BBC
@@ -30,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertkit.retrieval.exact import DEFAULT_BUDGET, top_k_inner_product
-from bertkit.retrieval.fusion import HYBRID, check_rerank_weight, fuse_scores, rrf, zscore
+from bertkit.retrieval.fusion import HYBRID, check_rerank_weight, fuse_scores, rrf, weighted_sum, zscore
 from bertkit.retrieval.index import BM25_DIR, Index, open_index, recorded_model_dir
 
 __all__ = ["DEFAULT_BUDGET", "Hit", "Searcher", "check_rerank_weight", "fuse_scores", "load_reranker",
@@ -65,6 +67,7 @@ class Hit:
     dense_score: float | None = None  # hybrid: the document's best inner product
     bm25_score: float | None = None  # hybrid: the document's best BM25 score
     sparse_score: float | None = None  # hybrid with sparse: the document's best sparse (SPLADE) score
+    multivector_score: float | None = None  # the document's best MaxSim (plain sum over query tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +81,7 @@ class _Candidate:
     dense: float | None = None
     lexical: float | None = None
     sparse: float | None = None
+    multivector: float | None = None
 
 
 @dataclass
@@ -91,6 +95,9 @@ class Searcher:
     timings: dict[str, float] | None = None
     bm25: Any = None  # bm25.BM25 over the passages, loaded on the first hybrid query
     sparse: Any = None  # sparse.SparseSearcher of the index's sparse side, or None
+    multivector: Any = None  # multivector.MultiVectorSearcher of the index's multi-vector side, or None
+    mv_nprobe: int = 4  # multi-vector: centroids probed per query token
+    mv_candidates: int = 256  # multi-vector: passages scored exactly by MaxSim (at least 4 × the documents asked)
     _doc_first: np.ndarray = field(default=None, repr=False)  # (D + 1,) first passage row of each doc
 
     def __post_init__(self) -> None:
@@ -102,11 +109,13 @@ class Searcher:
     @classmethod
     def open(cls, index_dir: str | os.PathLike, *, model: Any = None, rerank: Any = None,
              rerank_max_length: int | None = None, backend_options: dict[str, Any] | None = None,
-             sparse: bool = False, sparse_model: Any = None, **engine_options: Any) -> "Searcher":
+             sparse: bool = False, sparse_model: Any = None, multi_vector: bool = False,
+             **engine_options: Any) -> "Searcher":
         """model: None (the index's own model dir), a model dir or an Engine, checked against the
         index's fingerprint. sparse: open the index's sparse side too, with its own masked-LM
         model (sparse_model: another dir or Engine, refused unless it is the same model and
-        vocabulary). rerank: a cross-encoder dir or Engine (task rerank);
+        vocabulary). multi_vector: open the index's multi-vector side (its own model and kind).
+        rerank: a cross-encoder dir or Engine (task rerank);
         rerank_max_length: pieces per (query, passage) pair (default: `load_reranker`'s).
         backend_options: override the recorded backend settings (e.g. {"url": ...} for Qdrant)."""
         from bertkit.inference import Engine
@@ -136,7 +145,14 @@ class Searcher:
 
             options = {k: v for k, v in engine_options.items() if k != "max_length"}
             side = SparseSearcher.open(index_dir, rows=index.meta["rows"], model=sparse_model, **options)
-        return cls(index, engine, reranker, index.open_backend(**(backend_options or {})), sparse=side)
+        late = None
+        if multi_vector:
+            from bertkit.retrieval.multivector import MultiVectorSearcher
+
+            options = {k: v for k, v in engine_options.items() if k != "max_length"}
+            late = MultiVectorSearcher.open(index_dir, rows=index.meta["rows"], dense_engine=engine, **options)
+        return cls(index, engine, reranker, index.open_backend(**(backend_options or {})), sparse=side,
+                   multivector=late)
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         from bertkit.inference import embed
@@ -175,6 +191,21 @@ class Searcher:
         best = int(np.argmax(s))
         return float(s[best]), lo + best
 
+    def multivector_documents(self, query: np.ndarray, n: int) -> list[_Candidate]:
+        """The n best documents of one query's token vectors (Q, D) by their best passage's MaxSim
+        (`multivector.MultiVectorIndex.search` over at least 4 passages a document asked)."""
+        pdoc = self.index.passages[:, 0]
+        side = self.multivector.index
+        s, r = side.search(query, 4 * n, nprobe=self.mv_nprobe, candidates=max(4 * n, self.mv_candidates))
+        _, first = np.unique(pdoc[r], return_index=True)
+        first = np.sort(first)[:n]
+        return [_Candidate(int(pdoc[r[i]]), float(s[i]), int(r[i]), multivector=float(s[i])) for i in first]
+
+    def _doc_multivector(self, query: np.ndarray, doc: int) -> float:
+        """A document's best passage by exact MaxSim over its decompressed tokens."""
+        lo, hi = int(self._doc_first[doc]), int(self._doc_first[doc + 1])
+        return float(self.multivector.index.exact_scores(query, list(range(lo, hi))).max())
+
     def lexical_documents(self, query: str, n: int) -> tuple[list[_Candidate], np.ndarray, np.ndarray]:
         """BM25's n best documents by their best passage, with every document's best BM25 score
         (D,) and its passage row (D,)."""
@@ -202,18 +233,21 @@ class Searcher:
     def first_stage(self, queries: Sequence[str], vectors: np.ndarray | None, n: int, hybrid: str | None,
                     systems: Sequence[str] = ("dense", "bm25"), **search_params: Any) -> list[list[_Candidate]]:
         """Each query's n best documents by one system, or by `hybrid` fusion of `systems`
-        (dense, bm25, sparse) over the union of each one's n best, every candidate scored by
-        every system exactly (rrf reads ranks; zscore the mean of each system's standardised
-        scores, equal weights)."""
+        (dense, bm25, sparse, multivector) over the union of each one's n best, every candidate
+        scored by every system exactly (rrf reads ranks; zscore the mean of each system's
+        standardised scores, equal weights; weighted BGE-M3's weighted sum, `fusion.weighted_sum`)."""
         dense = self.dense_documents(vectors, n, **search_params) if "dense" in systems else None
         # Queries encoded together (one engine call); scored one at a time: (P,) floats each, not (Q, P).
         sparse = self.sparse.encode(queries) if "sparse" in systems else None
+        late = self.multivector.encode(queries) if "multivector" in systems else None  # [(Q_i, D)]
         if hybrid is None or len(systems) == 1:
             (system,) = systems[:1]
             if system == "dense":
                 return dense
             if system == "bm25":
                 return [self.lexical_documents(query, n)[0] for query in queries]
+            if system == "multivector":
+                return [self.multivector_documents(q, n) for q in late]
             return [self.by_document(self.sparse.index.scores([s])[0], n)[0] for s in sparse]
         out = []
         for q, query in enumerate(queries):
@@ -224,9 +258,13 @@ class Searcher:
                 ranked["bm25"], full["bm25"], _ = self.lexical_documents(query, n)
             if sparse is not None:
                 ranked["sparse"], full["sparse"], _ = self.by_document(self.sparse.index.scores([sparse[q]])[0], n)
+            if late is not None:
+                ranked["multivector"] = self.multivector_documents(late[q], n)
             by_doc: dict[int, _Candidate] = {}
             for c in ranked.get("dense", []):  # the backend's own scores, as it ranked them
                 by_doc[c.doc] = _Candidate(c.doc, 0.0, c.passage, dense=c.score)
+            for c in ranked.get("multivector", []):
+                by_doc.setdefault(c.doc, _Candidate(c.doc, 0.0, c.passage)).multivector = c.multivector
             for system in systems:
                 for c in ranked[system]:
                     by_doc.setdefault(c.doc, _Candidate(c.doc, 0.0, c.passage))
@@ -235,15 +273,21 @@ class Searcher:
                     c.dense = self._doc_dense(vectors[q], c.doc)[0]
                 c.lexical = float(full["bm25"][c.doc]) if "bm25" in full else None
                 c.sparse = float(full["sparse"][c.doc]) if "sparse" in full else None
+                if late is not None and c.multivector is None:
+                    c.multivector = self._doc_multivector(late[q], c.doc)
             docs = list(by_doc)
+            field_of = {"dense": "dense", "bm25": "lexical", "sparse": "sparse", "multivector": "multivector"}
             if hybrid == "rrf":
                 fused = rrf([[c.doc for c in ranked[s]] for s in systems])
                 scores = np.array([fused[d] for d in docs])
             elif list(systems) == ["dense", "bm25"]:  # the two-system mix, as it always was
                 scores = fuse_scores(np.array([by_doc[d].dense for d in docs]),
                                      np.array([by_doc[d].lexical for d in docs]), 0.5)
+            elif hybrid == "weighted":  # MaxSim / query tokens, as M3's colbert_score
+                scale = {"multivector": 1.0 / len(late[q]) if late is not None else 1.0}
+                scores = weighted_sum({s: np.array([getattr(by_doc[d], field_of[s]) for d in docs]) * scale.get(s, 1.0)
+                                       for s in systems})
             else:
-                field_of = {"dense": "dense", "bm25": "lexical", "sparse": "sparse"}
                 scores = np.mean([zscore(np.array([getattr(by_doc[d], field_of[s]) for d in docs]))
                                   for s in systems], axis=0)
             order = sorted(range(len(docs)), key=lambda i: (-scores[i], docs[i]))[:n]
@@ -269,7 +313,7 @@ class Searcher:
         if rerank and candidates < top_k:
             raise ValueError(f"candidates {candidates} < top_k {top_k}: the reranker can only "
                              "order what the first stage found; raise --candidates")
-        systems = check_systems(systems, hybrid, self.sparse is not None)
+        systems = check_systems(systems, hybrid, self.sparse is not None, self.multivector is not None)
         if "bm25" in systems and not self.index.meta.get("bm25"):
             raise ValueError(f"index {self.index.path} has no BM25 index for hybrid search; rebuild it "
                              "with `bertkit index` (BM25 is built unless --no-bm25)")
@@ -278,18 +322,21 @@ class Searcher:
     def first_hits(self, queries: Sequence[str], vectors: np.ndarray | None, *, top_k: int = 10,
                    candidates: int = 100, hybrid: str | None = None, ef: int | None = None,
                    nprobe: int | None = None, rerank: bool = False,
-                   systems: Sequence[str] | None = None) -> list[list[Hit]]:
+                   systems: Sequence[str] | None = None, rescore_multiplier: int | None = None) -> list[list[Hit]]:
         """The first stage's documents per query, best first: `top_k` of them, or `candidates`
         when a reranker orders them next (`reranked`) or hybrid fusion needs the wider list.
 
         vectors: (Q, H) the queries' vectors, embedded as the index's were (`embed_queries`);
         None where the dense ranking is not among `systems` (`check`)."""
-        systems = check_systems(systems, hybrid, self.sparse is not None)
+        systems = check_systems(systems, hybrid, self.sparse is not None, self.multivector is not None)
         if "dense" not in systems:
             vectors = None
         elif np.shape(vectors) != (len(queries), self.index.meta["dim"]):
             raise ValueError(f"vectors {np.shape(vectors)} must be (queries {len(queries)}, {self.index.meta['dim']})")
-        params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe)) if v is not None}
+        if rescore_multiplier is not None and rescore_multiplier < 1:
+            raise ValueError(f"rescore multiplier {rescore_multiplier} must be 1 or more (1: no oversampling)")
+        params = {k: v for k, v in (("ef", ef), ("nprobe", nprobe), ("rescore_multiplier", rescore_multiplier))
+                  if v is not None}
         first = candidates if rerank or hybrid is not None else top_k
         found = self.first_stage(queries, vectors, first, hybrid, systems, **params)
         keep = candidates if rerank else top_k
@@ -317,7 +364,7 @@ class Searcher:
     def search(self, queries: str | Sequence[str], *, top_k: int = 10, candidates: int = 100,
                rerank_weight: float = 1.0, hybrid: str | None = None, ef: int | None = None,
                nprobe: int | None = None, vectors: np.ndarray | None = None,
-               systems: Sequence[str] | None = None) -> list[list[Hit]]:
+               systems: Sequence[str] | None = None, rescore_multiplier: int | None = None) -> list[list[Hit]]:
         """The best `top_k` documents per query (reranked from `candidates` with a reranker;
         rerank_weight < 1: ordered by `fuse_scores` of both stages, Hit.score the fused score).
 
@@ -338,7 +385,7 @@ class Searcher:
         if "dense" in systems and vectors is None:
             vectors = self.embed_queries(queries)
         found = self.first_hits(queries, vectors, top_k=top_k, candidates=candidates, hybrid=hybrid, ef=ef,
-                                nprobe=nprobe, rerank=rerank, systems=systems)
+                                nprobe=nprobe, rerank=rerank, systems=systems, rescore_multiplier=rescore_multiplier)
         timings = {"retrieve_ms": (time.perf_counter() - tick) * 1000, "rerank_ms": 0.0}
         out = []
         for query, hits in zip(queries, found):
@@ -360,14 +407,15 @@ class Searcher:
             end = len(d["text"]) if end < 0 else end
             hits.append(Hit(r + 1, d["id"], float(s), c.doc, d["text"], d["text"][start:end], start, end,
                             c.passage, c.passage - int(self._doc_first[c.doc]), dense_score=c.dense,
-                            bm25_score=c.lexical, sparse_score=c.sparse))
+                            bm25_score=c.lexical, sparse_score=c.sparse, multivector_score=c.multivector))
         return hits
 
 
-SYSTEMS = ("dense", "bm25", "sparse")
+SYSTEMS = ("dense", "bm25", "sparse", "multivector")
 
 
-def check_systems(systems: Sequence[str] | None, hybrid: str | None, has_sparse: bool) -> tuple[str, ...]:
+def check_systems(systems: Sequence[str] | None, hybrid: str | None, has_sparse: bool,
+                  has_multivector: bool = False) -> tuple[str, ...]:
     """The rankings a search reads: `systems` checked, or the default (dense; dense and bm25
     under hybrid)."""
     if systems is None:
@@ -378,10 +426,14 @@ def check_systems(systems: Sequence[str] | None, hybrid: str | None, has_sparse:
         raise ValueError(f"unknown search system {unknown[0] if unknown else 'none'!r}; choose among "
                          f"{', '.join(SYSTEMS)}")
     if len(systems) > 1 and hybrid is None:
-        raise ValueError(f"{' + '.join(systems)} are several rankings: pass a fusion (--hybrid rrf or zscore)")
+        raise ValueError(f"{' + '.join(systems)} are several rankings: pass a fusion (--hybrid rrf, zscore "
+                         "or weighted)")
     if "sparse" in systems and not has_sparse:
         raise ValueError("the sparse ranking needs the index's sparse side opened (--sparse; "
                          "Searcher.open(..., sparse=True))")
+    if "multivector" in systems and not has_multivector:
+        raise ValueError("the multivector ranking needs the index's multi-vector side opened (--multi-vector; "
+                         "Searcher.open(..., multi_vector=True))")
     return systems
 
 
@@ -410,6 +462,7 @@ def search(index_dir: str | os.PathLike, queries: str | Sequence[str], *, top_k:
     """One-shot search: open the index (and models), answer `queries`; see `Searcher`."""
     wants_sparse = systems is not None and "sparse" in systems
     searcher = Searcher.open(index_dir, model=model, rerank=rerank, backend_options=backend_options,
-                             sparse=wants_sparse, sparse_model=sparse_model, **engine_options)
+                             sparse=wants_sparse, sparse_model=sparse_model,
+                             multi_vector=systems is not None and "multivector" in systems, **engine_options)
     return searcher.search(queries, top_k=top_k, candidates=candidates, rerank_weight=rerank_weight,
                            hybrid=hybrid, ef=ef, nprobe=nprobe, systems=systems)

@@ -7,7 +7,9 @@ vectors are copied. The updated index is made beside the old one (INDEX.update) 
 with two renames, so a killed update leaves the old index as it was; the backend is rebuilt
 from the new vectors (FAISS: a new file; a Qdrant server: its collection refilled, since rows are
 renumbered; embedded Qdrant: nothing to do). Costs a pass over the vectors, not a re-embedding;
-a sparse side (`sparse`), though, is encoded again whole with its own model.
+a sparse side (`sparse`), though, is encoded again whole with its own model, while a multi-vector
+side (`multivector`) copies the kept passages' compressed tokens and encodes only the new ones
+(with its centroids as they were).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bertkit.retrieval.index import (
     passage_texts,
     passage_vectors,
 )
+from bertkit.retrieval.multivector import MV_DIR, MV_FILE, update_multivector
 from bertkit.retrieval.sparse import SPARSE_DIR, SPARSE_FILE, SparseIndex, build_sparse
 from bertkit.retrieval.store import DOCS_FILE, OFFSETS_FILE, PASSAGES_FILE, read_lines, save_npy, write_store
 from bertkit.util.fileio import atomic_write_json
@@ -114,10 +117,13 @@ def update_index(index_dir: str | os.PathLike, *, upsert: str | os.PathLike | No
         if meta.get("bm25"):
             from bertkit.retrieval.bm25 import BM25
 
-            BM25.fit(p["text"] for p in passage_texts(tmp / PASSAGES_FILE)).save(tmp / BM25_DIR)
+            BM25.fit((p["text"] for p in passage_texts(tmp / PASSAGES_FILE)),
+                     cjk=meta.get("bm25_cjk", "bigram")).save(tmp / BM25_DIR)
         if (index.path / SPARSE_DIR / SPARSE_FILE).is_file():  # the sparse side, re-encoded with its own model
             side = SparseIndex.open(index.path).meta
             build_sparse(tmp, side["model"], top_k=side["top_k"], progress=False, **engine_options)
+        if (index.path / MV_DIR / MV_FILE).is_file():  # kept passages' tokens copied, new ones encoded
+            update_multivector(index.path, tmp, old_rows, engine_options)
         meta.update(rows=rows, documents=documents, backend=built,
                     updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         atomic_write_json(tmp / INDEX_FILE, meta)

@@ -230,8 +230,12 @@ class SearchRequest(Request):
                                         "candidates by their best passage")] = None
     rerank_weight: Annotated[float, Field(ge=0, le=1, description="order by W · reranker + (1 − W) · first "
                                           "stage, each standardised (1: the reranker alone)")] = 1.0
-    hybrid: Annotated[Literal["rrf", "zscore"] | None, Field(description="fuse the dense ranking with "
-                                                             "BM25's (the index's own)")] = None
+    hybrid: Annotated[Literal["rrf", "zscore", "weighted"] | None, Field(
+        description="fuse the dense ranking with BM25's (the index's own), or the `systems` named: "
+        "reciprocal ranks, z-scores, or BGE-M3's weighted sum")] = None
+    systems: Annotated[list[Literal["dense", "bm25", "multivector"]] | None, Field(
+        min_length=1, max_length=3, description="the rankings read (one) or fused (several, with `hybrid`); "
+        "multivector needs an index built with --multi-vector (absent: dense; dense and bm25 under hybrid)")] = None
     ef: Annotated[int | None, Field(ge=1, le=100_000, description="faiss-hnsw search beam "
                                     "(absent: the index's)")] = None
     nprobe: Annotated[int | None, Field(ge=1, le=1_000_000, description="faiss-ivfpq lists searched "

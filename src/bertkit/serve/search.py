@@ -10,6 +10,10 @@ never scans vectors; a reranker named in the request (a served cross-encoder) sc
 search --rerank` does (`Searcher.reranked` orders them). The answer equals the library's
 `Searcher.search` for the same settings: the same vectors, passages and order.
 
+An index built with --multi-vector has its side opened at start-up with a model of its own, whose
+query tokens are encoded on the worker thread (one call at a time: a lock); `systems` and
+`hybrid` (rrf, zscore, BGE-M3's weighted) read or fuse it as `bertkit search --multi-vector` does.
+
 Queries longer than the length the index was built at are refused (422) unless the request or
 the server says to cut them (`truncate`, --auto-truncate), as on /embed.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +35,8 @@ from starlette.responses import Response
 
 from bertkit.retrieval import Searcher, model_fingerprint, open_index
 from bertkit.retrieval.bm25 import BM25
-from bertkit.retrieval.index import BM25_DIR
+from bertkit.retrieval.index import BM25_DIR, MV_DIR
+from bertkit.retrieval.multivector import MV_FILE, MultiVectorSearcher
 from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.models import ServedModel, load_model, parse_named_dirs
@@ -69,7 +75,19 @@ class ServedIndex:
                 "model_dir": meta["model"], "own_model": self.own_model,
                 "backend": self.searcher.backend.name, "documents": meta["documents"], "passages": meta["rows"],
                 "dim": meta["dim"], "max_length": self.max_length, "hybrid": bool(meta.get("bm25")),
+                "multivector": self.searcher.multivector is not None,
                 "passage_tokens": (meta.get("passages") or {}).get("tokens", 0)}
+
+
+class LockedEncoder:
+    """A multi-vector side whose query encoder runs one call at a time (worker threads share it)."""
+
+    def __init__(self, side: MultiVectorSearcher):
+        self.side, self.index, self.lock = side, side.index, threading.Lock()
+
+    def encode(self, queries: list[str]) -> list[np.ndarray]:
+        with self.lock:
+            return self.side.encode(queries)
 
 
 def parse_index_args(specs: list[str]) -> list[tuple[str, str]]:
@@ -109,6 +127,10 @@ def load_indexes(specs: list[tuple[str, str]], models: dict[str, ServedModel],
         searcher = Searcher(index, model.engine)
         if meta.get("bm25") and (index.path / BM25_DIR).is_dir():  # now, not on the first hybrid request
             searcher.bm25 = BM25.load(index.path / BM25_DIR)
+        if (index.path / MV_DIR / MV_FILE).is_file():
+            # Its own engine: the served one runs on the model thread, this one on the worker thread.
+            options = {k: v for k, v in engine_options.items() if k != "max_length"}
+            searcher.multivector = LockedEncoder(MultiVectorSearcher.open(index.path, rows=meta["rows"], **options))
         out[name] = ServedIndex(name, searcher, model, own, meta["pooling"], bool(meta["normalize"]))
     return out
 
@@ -163,7 +185,8 @@ async def rerank_scores(service: Service, request: Request, reranker: ServedMode
 def hit_json(hit: Any, return_text: bool) -> dict[str, Any]:
     out = {"rank": hit.rank, "id": str(hit.id), "score": hit.score, "passage": hit.passage, "start": hit.start,
            "end": hit.end, "passage_number": hit.passage_number, "first_stage_score": hit.first_stage_score,
-           "rerank_score": hit.rerank_score, "dense_score": hit.dense_score, "bm25_score": hit.bm25_score}
+           "rerank_score": hit.rerank_score, "dense_score": hit.dense_score, "bm25_score": hit.bm25_score,
+           "multivector_score": hit.multivector_score}
     if return_text:
         out["text"] = hit.text
     return out
@@ -178,16 +201,21 @@ async def route_search(service: Service, request: Request) -> Response:
     reranker = service.model(req.rerank, "rerank") if req.rerank is not None else None
     searcher = index.searcher
     try:
-        searcher.check(top_k=req.top_k, candidates=req.candidates, rerank_weight=req.rerank_weight,
-                       hybrid=req.hybrid, rerank=reranker is not None)
+        systems = searcher.check(top_k=req.top_k, candidates=req.candidates, rerank_weight=req.rerank_weight,
+                                 hybrid=req.hybrid, rerank=reranker is not None, systems=req.systems)
     except ValueError as err:
         raise validation(str(err).replace("--rerank CROSS_ENCODER", "`rerank` (a served cross-encoder)")
-                         .replace("--candidates", "`candidates`")) from None
-    vectors = await query_vectors(service, request, index, queries, truncate_of(service, req.truncate))
+                         .replace("--candidates", "`candidates`")
+                         .replace("(--multi-vector; Searcher.open(..., multi_vector=True))",
+                                  f"(index {index.name!r} has none; build it with `bertkit index --multi-vector`)")
+                         .replace("--hybrid", "`hybrid`")) from None
+    vectors = None
+    if "dense" in systems:
+        vectors = await query_vectors(service, request, index, queries, truncate_of(service, req.truncate))
     embedded = time.perf_counter()
     found = await asyncio.to_thread(searcher.first_hits, queries, vectors, top_k=req.top_k,
                                     candidates=req.candidates, hybrid=req.hybrid, ef=req.ef, nprobe=req.nprobe,
-                                    rerank=reranker is not None)
+                                    rerank=reranker is not None, systems=systems)
     retrieved = time.perf_counter()
     if reranker is not None:
         logits = await rerank_scores(service, request, reranker, queries, [[h.passage for h in hits] for hits in found])
