@@ -163,6 +163,37 @@ def test_upsert_and_delete_keep_the_side(built, tmp_path):
 
 
 def test_kinds_table():
-    assert set(TOKEN_VECTORS) == {"token-states"}
-    with pytest.raises(ValueError, match="unknown token-vector kind 'colbert'"):
-        token_vector_kind("colbert")
+    assert set(TOKEN_VECTORS) == {"token-states", "colbert", "m3"}
+    with pytest.raises(ValueError, match="unknown token-vector kind 'splade-tokens'"):
+        token_vector_kind("splade-tokens")
+
+
+@pytest.mark.parametrize("kind, model", [("colbert", "colbert_pylate/model"), ("m3", "m3_flag/model")])
+def test_colbert_and_m3_models_index_their_own_vectors(kind, model, tmp_path):
+    """The side of a ColBERT or BGE-M3 model holds that model's late-interaction vectors (its
+    queries read as the model reads queries) and ranks as exact MaxSim over them."""
+    from pathlib import Path
+
+    from bertkit import cli
+
+    model_dir = Path(__file__).parent / "fixtures" / model
+    docs = [". ".join(s.capitalize() for s in sentences(3 + i % 4, seed=100 + i)) + "." for i in range(24)]
+    corpus = write_corpus(tmp_path / "c.jsonl", docs)
+    assert cli.main(["index", str(corpus), "--model", str(model_dir), "--out", str(tmp_path / "ix"),
+                     "--no-progress", "--passage-tokens", "0", "--multi-vector", kind, "--mv-nbits", "8",
+                     "--mv-centroids", "8"]) == 0
+    searcher = Searcher.open(tmp_path / "ix", multi_vector=True)
+    spec = token_vector_kind(kind)
+    query = docs[7][:35]
+    assert np.allclose(searcher.multivector.encode([query])[0], spec.encode(searcher.multivector.engine, [query],
+                                                                              True)[0])
+    # Every passage a candidate, 8-bit residuals: the search is exact MaxSim over the model's own
+    # document vectors (decompressed), so it ranks as those vectors do.
+    searcher.mv_nprobe, searcher.mv_candidates = 8, 10_000
+    hits = searcher.search(query, top_k=5, systems=["multivector"])[0]
+    assert [h.id for h in hits] == brute_force(searcher, query, 5)
+    raw = spec.encode(searcher.multivector.engine, docs, False)
+    side = searcher.multivector.index
+    decoded = side.passage_vectors(range(side.meta["rows"]))
+    assert all(a.shape == b.shape for a, b in zip(raw, decoded))
+    assert min(float(np.mean(np.sum(a * b, axis=1))) for a, b in zip(raw, decoded)) > 0.99

@@ -69,7 +69,8 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("multi-vector side (late interaction)")
     g.add_argument("--multi-vector", nargs="?", const="token-states", default=None, metavar="KIND",
                    help="also store every passage's token vectors, compressed (centroids + residual bits), "
-                   "for search --multi-vector; KIND: where they come from (token-states: the model's own)")
+                   "for search --multi-vector; KIND: where they come from (token-states: the model's own; colbert: a "
+                   "ColBERT model's; m3: BGE-M3's)")
     g.add_argument("--mv-nbits", type=int, default=2, help="bits per dimension of a token's residual (2)")
     g.add_argument("--mv-centroids", type=int, default=None, help="k-means centroids (2^⌊log2(16·√tokens)⌋)")
     g = p.add_argument_group("sparse side (SPLADE)")
@@ -113,7 +114,10 @@ def _run_index(args: argparse.Namespace) -> None:
         from bertkit.retrieval.residual import check_nbits, import_kmeans
         from bertkit.retrieval.token_vectors import token_vector_kind
 
-        token_vector_kind(args.multi_vector)
+        if args.model is not None:  # a model of the wrong kind is refused before the index is written
+            token_vector_kind(args.multi_vector).check(args.model)
+        else:
+            token_vector_kind(args.multi_vector)
         import_kmeans()
         check_nbits(args.mv_nbits)
         if args.mv_centroids is not None and args.mv_centroids < 1:
