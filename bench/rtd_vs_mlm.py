@@ -8,8 +8,11 @@ generator beside the discriminator and costs more. Each objective's CPU seconds 
 measured first (a 2-step and a 2+K-step run in fresh processes, the difference over K, so start-up
 and loading cancel), then each run gets `--cpu-minutes` / (seconds per step) steps. CPU time (the
 children's user + system time) rather than wall time keeps the budget fair when other work shares
-the machine. Both use a constant learning rate after a short warm-up, so neither is cut short in
-the middle of a decay.
+the machine, up to a point: torch's threads spin while they wait for a core, so on a machine
+busy with other work CPU time overstates the work done and the calibration drifts (measured:
+2.27 and 1.85 CPU s per step for MLM and RTD at load 10, where a quiet run gives RTD the higher
+cost). Run it on a quiet machine. Both use a constant learning rate after a short warm-up, so
+neither is cut short in the middle of a decay.
 
     python bench/rtd_vs_mlm.py [--cpu-minutes 10] [--seeds 3] [--model mini]
 
