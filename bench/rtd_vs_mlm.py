@@ -10,8 +10,8 @@ and loading cancel), then each run gets `--cpu-minutes` / (seconds per step) ste
 children's user + system time) rather than wall time keeps the budget fair when other work shares
 the machine, up to a point: torch's threads spin while they wait for a core, so on a machine
 busy with other work CPU time overstates the work done and the calibration drifts (measured:
-2.27 and 1.85 CPU s per step for MLM and RTD at load 10, where a quiet run gives RTD the higher
-cost). Run it on a quiet machine. Both use a constant learning rate after a short warm-up, so
+2.27 CPU s per step for MLM and 1.85 for RTD at load 10, though an RTD step runs the same
+encoder plus a generator). Run it on a quiet machine. Both use a constant learning rate after a short warm-up, so
 neither is cut short in the middle of a decay.
 
     python bench/rtd_vs_mlm.py [--cpu-minutes 10] [--seeds 3] [--model mini]
