@@ -300,18 +300,6 @@ def test_one_training_step_has_transformers_gradients(style, tmp_path):
     assert max(float((grads[name] - expected[name]).abs().max()) for name in expected) <= TOL
 
 
-def test_export_refuses_deberta_in_one_line(tokenizer_dir, tmp_path):
-    from bertkit.export import export
-
-    _, directory = make("v3", "ForSequenceClassification", tmp_path / "cls",
-                        vocab_size=len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir)))
-    for name in ("spm.model", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, directory / name)
-    with pytest.raises(ValueError, match="DeBERTa model .* does not export yet") as err:
-        export(directory, tmp_path / "out")
-    assert "\n" not in str(err.value)
-
-
 def test_explorer_declines_the_attention_view_in_one_line(tokenizer_dir, tmp_path):
     """The explorer loads a DeBERTa masked LM (its other views run on the engine); the attention
     view, which writes every layer's weights out, says it does not draw this attention yet."""

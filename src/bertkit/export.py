@@ -100,7 +100,8 @@ def need_tools(format: str) -> None:
 
 class _AllPositions(Padding):
     """A `Padding` whose every position is a row: the mask reaches attention as `key_mask`, and
-    nothing is gathered or scattered (index is unused), so the graph has no data-dependent sizes."""
+    nothing is gathered or scattered, so the graph has no data-dependent sizes. `index` lists
+    every row (b * T + t), which is where DeBERTa-v2's convolution reads each row's position."""
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         return packed.view(self.batch, self.length, -1)  # (B*T, D) → (B, T, D)
@@ -126,12 +127,12 @@ class PaddedGraph(nn.Module):
         encoder = self.encoder
         batch, length = input_ids.shape
         key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys hidden
-        padding = _AllPositions(index=torch.empty(0, dtype=torch.long), key_mask=key_mask, batch=batch, length=length)
+        index = torch.arange(batch * length, device=input_ids.device)  # (B*T,)
+        padding = _AllPositions(index=index, key_mask=key_mask, batch=batch, length=length)
         x = encoder.embeddings(input_ids, token_type_ids).reshape(batch * length, -1)  # (B*T, E)
         if encoder.embed_proj is not None:
             x = encoder.embed_proj(x)  # (B*T, H)
-        for i in encoder.schedule:
-            x = encoder.layers[i](x, padding, batch, length)  # (B*T, H)
+        x = encoder.encode_rows(x, padding, batch, length)  # (B*T, H): the model's own layer loop
         return x.view(batch, length, -1)  # (B, T, H)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -207,9 +208,6 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, format: str 
         raise ValueError(f"a pooled sentence_embedding output is for --task embed; {model_dir} exports "
                          f"for {task} (pass --task embed to export its encoder as an embedding model)")
     engine = Engine.load(model_dir, use=task, precision="fp32", device="cpu")
-    if engine.config.family.relative_attention == "disentangled":
-        raise ValueError(f"{model_dir} is a DeBERTa model (model_type {engine.config.model_type!r}), whose "
-                         "disentangled attention bertkit does not export yet; serve it with bertkit's engine instead")
     mode = norm = None
     if pooled:
         own = engine.pooling
