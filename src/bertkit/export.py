@@ -12,7 +12,8 @@ text-embeddings-inference (TEI) and sentence-transformers load as they are:
 The graph, one per task head, with optimum's input and output names:
 
     inputs   input_ids (B, T) int64, attention_mask (B, T) int64 (1 = token, 0 = padding) and,
-             for families that read segments (BERT, ALBERT), token_type_ids (B, T) int64
+             for families that read segments (BERT, ALBERT, ERNIE, ELECTRA, DeBERTa-v2 with
+             segment embeddings), token_type_ids (B, T) int64
     embed    last_hidden_state (B, T, H); with `pooled` also sentence_embedding (B, H): the model's
              own pooling and normalisation (its 1_Pooling and Normalize modules; mean and unit
              length without them), or the `pooling` / `normalize` given. TEI uses
@@ -26,7 +27,9 @@ B and T are dynamic axes (`batch_size`, `sequence_length`): one file serves any 
 length up to the model's limit.
 
 The graph is bertkit's own modules run over a padded batch (`PaddedGraph`): the embeddings, the
-encoder layers and the head, with the padding mask passed to attention. It departs from the
+encoder's own layer loop (`BertModel.encode_rows`, so MPNet's bias, DeBERTa's positions and
+ModernBERT's rotary tables and final norm are in it as in `forward`) and the head, with the
+padding mask passed to attention. It departs from the
 engine on purpose: the engine packs sequences end to end and skips padding, which a runtime fed
 fixed (B, T) tensors cannot do; the layers here see every position, as every ONNX consumer pads.
 Values at real tokens equal bertkit's (fp32: within 1e-5); at padding positions the hidden states
