@@ -203,3 +203,20 @@ def transformers_top_masked(directory: Path, text: str, k: int = 5) -> tuple[lis
     position = int((inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero())
     top = logits[position].softmax(-1).topk(k)
     return top.indices.tolist(), top.values.tolist()
+
+
+def make_bert(out_dir: str | Path, kind: str = "Model", seed: int = 0, **extra) -> Path:
+    """A transformers Bert<kind> of the same tiny sizes, with the WordPiece tokenizer, saved to
+    out_dir. BERT is not in PREFIX: the family tests loop over its descendants."""
+    import transformers
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory() as work:
+        tokenizer = _wordpiece_tokenizer(Path(work))
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=36, num_hidden_layers=2,
+                                     num_attention_heads=3, intermediate_size=41, max_position_embeddings=66,
+                                     **extra)
+    getattr(transformers, "Bert" + kind)(config).eval().save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

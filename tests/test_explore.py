@@ -259,12 +259,12 @@ def test_cli_prints_the_url_and_serves_the_page(dirs):
 
 
 @pytest.mark.parametrize("family", ["roberta", "albert", "distilbert", "xlm-roberta", "camembert", "ernie",
-                                    "electra"])
+                                    "electra", "mpnet"])
 def test_every_family_explores_with_transformers_attention(family, tmp_path):
     """The views over RoBERTa and its SentencePiece descendants (position offset), ALBERT (E → H,
     shared layers), DistilBERT (no segments), ERNIE (task-type row) and ELECTRA (E → H): attention
     equal to transformers' `output_attentions`, the embedding step equal to the Embeddings module,
-    fill-mask through the library."""
+    fill-mask through the library; MPNet's weights with its relative-position bias."""
     from family_fixtures import PREFIX, make_checkpoint
 
     directory = make_checkpoint(family, tmp_path / family)
@@ -285,6 +285,6 @@ def test_every_family_explores_with_transformers_attention(family, tmp_path):
     with torch.inference_mode():
         layer_in = explorer.encoder.embeddings(torch.tensor([enc.ids]), torch.tensor([enc.type_ids]))
     assert np.allclose(vec["vectors"]["layernorm"], layer_in[0, position].numpy(), atol=1e-6)
-    assert (vec["vectors"]["segment"] is None) == (family == "distilbert")
+    assert (vec["vectors"]["segment"] is None) == (family in ("distilbert", "mpnet"))  # no segment table
     mask = explorer.tokenizer.special_tokens["mask_token"]
     assert views.fill(explorer, [f"Paris is the {mask} of France."])["results"][0][0]

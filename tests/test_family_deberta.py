@@ -300,30 +300,33 @@ def test_one_training_step_has_transformers_gradients(style, tmp_path):
     assert max(float((grads[name] - expected[name]).abs().max()) for name in expected) <= TOL
 
 
-def test_export_refuses_deberta_in_one_line(tokenizer_dir, tmp_path):
-    from bertkit.export import export
-
-    _, directory = make("v3", "ForSequenceClassification", tmp_path / "cls",
-                        vocab_size=len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir)))
-    for name in ("spm.model", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, directory / name)
-    with pytest.raises(ValueError, match="DeBERTa model .* does not export yet") as err:
-        export(directory, tmp_path / "out")
-    assert "\n" not in str(err.value)
-
-
-def test_explorer_declines_the_attention_view_in_one_line(tokenizer_dir, tmp_path):
-    """The explorer loads a DeBERTa masked LM (its other views run on the engine); the attention
-    view, which writes every layer's weights out, says it does not draw this attention yet."""
+@pytest.mark.parametrize("style", STYLES)
+def test_explorer_attention_equals_transformers_output_attentions(style, tokenizer_dir, tmp_path):
+    """The attention view writes out the disentangled weights (softmax of the content, c2p and p2c
+    scores): every layer and head equal to transformers' `output_attentions`; with padding the
+    trace's states at real tokens equal the model's forward (v2's convolution included)."""
     from bertkit.explore import views
 
-    _, directory = make("v3", "ForMaskedLM", tmp_path / "mlm",
-                        vocab_size=len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir)))
+    vocab = len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    theirs, directory = make(style, "ForMaskedLM", tmp_path / "mlm", vocab_size=vocab)
     for name in ("spm.model", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / name, directory / name)
     explorer = views.Explorer.load(directory)
-    with pytest.raises(views.ViewError, match="does not draw DeBERTa's disentangled attention"):
-        views.attention(explorer, "Paris is the capital of France.")
+    text = "Paris is the capital of France."
+    enc = explorer.encode(text)
+    with torch.no_grad():
+        reference = theirs(input_ids=torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids]),
+                           output_attentions=True).attentions
+    out = views.attention(explorer, text, pad=3)
+    assert len(out["attention"]) == len(reference)
+    for mine, their in zip(out["attention"], reference):
+        assert float((torch.tensor(mine) - their[0]).abs().max()) <= TOL
+    inputs = batch(style)
+    trace = views.attention_trace(explorer.encoder, inputs["input_ids"], inputs["token_type_ids"],
+                                  inputs["attention_mask"])
+    with torch.no_grad():
+        want = explorer.encoder(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
+    assert close(trace.hidden, want.last_hidden_state, inputs["attention_mask"]) <= TOL
 
 
 def with_tokenizer(directory: Path, tokenizer_dir: Path) -> Path:

@@ -12,7 +12,8 @@ text-embeddings-inference (TEI) and sentence-transformers load as they are:
 The graph, one per task head, with optimum's input and output names:
 
     inputs   input_ids (B, T) int64, attention_mask (B, T) int64 (1 = token, 0 = padding) and,
-             for families that read segments (BERT, ALBERT), token_type_ids (B, T) int64
+             for families that read segments (BERT, ALBERT, ERNIE, ELECTRA, DeBERTa-v2 with
+             segment embeddings), token_type_ids (B, T) int64
     embed    last_hidden_state (B, T, H); with `pooled` also sentence_embedding (B, H): the model's
              own pooling and normalisation (its 1_Pooling and Normalize modules; mean and unit
              length without them), or the `pooling` / `normalize` given. TEI uses
@@ -26,7 +27,9 @@ B and T are dynamic axes (`batch_size`, `sequence_length`): one file serves any 
 length up to the model's limit.
 
 The graph is bertkit's own modules run over a padded batch (`PaddedGraph`): the embeddings, the
-encoder layers and the head, with the padding mask passed to attention. It departs from the
+encoder's own layer loop (`BertModel.encode_rows`, so MPNet's bias, DeBERTa's positions and
+ModernBERT's rotary tables and final norm are in it as in `forward`) and the head, with the
+padding mask passed to attention. It departs from the
 engine on purpose: the engine packs sequences end to end and skips padding, which a runtime fed
 fixed (B, T) tensors cannot do; the layers here see every position, as every ONNX consumer pads.
 Values at real tokens equal bertkit's (fp32: within 1e-5); at padding positions the hidden states
@@ -100,7 +103,8 @@ def need_tools(format: str) -> None:
 
 class _AllPositions(Padding):
     """A `Padding` whose every position is a row: the mask reaches attention as `key_mask`, and
-    nothing is gathered or scattered (index is unused), so the graph has no data-dependent sizes."""
+    nothing is gathered or scattered, so the graph has no data-dependent sizes. `index` lists
+    every row (b * T + t), which is where DeBERTa-v2's convolution reads each row's position."""
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         return packed.view(self.batch, self.length, -1)  # (B*T, D) → (B, T, D)
@@ -126,12 +130,12 @@ class PaddedGraph(nn.Module):
         encoder = self.encoder
         batch, length = input_ids.shape
         key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): padding keys hidden
-        padding = _AllPositions(index=torch.empty(0, dtype=torch.long), key_mask=key_mask, batch=batch, length=length)
+        index = torch.arange(batch * length, device=input_ids.device)  # (B*T,)
+        padding = _AllPositions(index=index, key_mask=key_mask, batch=batch, length=length)
         x = encoder.embeddings(input_ids, token_type_ids).reshape(batch * length, -1)  # (B*T, E)
         if encoder.embed_proj is not None:
             x = encoder.embed_proj(x)  # (B*T, H)
-        for i in encoder.schedule:
-            x = encoder.layers[i](x, padding, batch, length)  # (B*T, H)
+        x = encoder.encode_rows(x, padding, batch, length)  # (B*T, H): the model's own layer loop
         return x.view(batch, length, -1)  # (B, T, H)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -207,9 +211,6 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, format: str 
         raise ValueError(f"a pooled sentence_embedding output is for --task embed; {model_dir} exports "
                          f"for {task} (pass --task embed to export its encoder as an embedding model)")
     engine = Engine.load(model_dir, use=task, precision="fp32", device="cpu")
-    if engine.config.family.relative_attention == "disentangled":
-        raise ValueError(f"{model_dir} is a DeBERTa model (model_type {engine.config.model_type!r}), whose "
-                         "disentangled attention bertkit does not export yet; serve it with bertkit's engine instead")
     mode = norm = None
     if pooled:
         own = engine.pooling

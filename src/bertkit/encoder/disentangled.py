@@ -229,11 +229,14 @@ def padded_rows(padding: Padding | None, batch: int, length: int, device: torch.
     """The N real rows of a (B, T) batch (unpadded in row-major order), or each sequence's first row."""
     if padding is None:
         flat = torch.arange(batch * length, device=device)  # (N,)
-        lengths = torch.full((batch * length,), length, device=device)
+        lengths = torch.full((batch, length), length, device=device)  # (B, T)
     else:
         flat = padding.index  # (N,) b * T + t
-        lengths = padding.key_mask.view(batch, length).sum(1)[flat // length]  # (N,)
-    rows = Rows(torch.arange(flat.shape[0], device=device), flat % length, lengths)
+        lengths = padding.key_mask.view(batch, length).sum(1, keepdim=True).expand(batch, length)  # (B, T)
+    # Each row's position and length are read from (B, T) grids at its flat index, not computed as
+    # flat % T and flat // T: the ONNX exporter has no remainder by a symbolic length.
+    positions = torch.arange(length, device=device).expand(batch, length)  # (B, T)
+    rows = Rows(torch.arange(flat.shape[0], device=device), positions.reshape(-1)[flat], lengths.reshape(-1)[flat])
     return _first_rows(rows) if first_only else rows
 
 

@@ -356,25 +356,38 @@ class BertModel(PretrainedMixin, nn.Module):
         x = x.view(batch * length, -1) if padding is None else padding.unpad(x)  # (N, E)
         if self.embed_proj is not None:
             x = self.embed_proj(x)  # (N, H)
+        x = self.encode_rows(x, padding, batch, length, first_only)  # (N, H), or (B, H) under first_only
+        if first_only:
+            hidden = x[:, None]  # (B, 1, H)
+        else:
+            hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
+        pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None  # (B, H)
+        return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def encode_rows(self, x: torch.Tensor, padding: Padding | None, batch: int, length: int,
+                    first_only: bool = False) -> torch.Tensor:
+        """The layers over the embedded rows of a (B, T) batch: x (N, H), the real rows `padding`
+        keeps (all B*T without it) → (N, H); under first_only (B, H), each sequence's first row.
+
+        `forward`'s core, which the exported graph runs too (`bertkit.export`), so that every
+        family's extras reach the layers on both paths: MPNet's bias and DeBERTa's positions, made
+        once here for every layer, and ModernBERT's rotary tables and final norm.
+        """
         if self.final_norm is not None:  # ModernBERT: every layer whole, then the final norm
             rope = modern.rope_tables(self.layers, torch.arange(length, device=x.device))  # once, not per layer
             for layer in self.layers:
                 x = layer(x, padding, batch, length, rope[layer.layer_type])  # (N, H)
-            x = self.final_norm(x)
-            hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
-            return BertOutput(last_hidden_state=hidden[:, :1] if first_only else hidden, pooler_output=None)
-        schedule = self.schedule[:-1] if first_only else self.schedule
-        # once per forward, not per layer: (B or 1, nh, T, T)
+            x = self.final_norm(x)  # (N, H)
+            if not first_only:
+                return x
+            return x.view(batch, length, -1)[:, 0] if padding is None else x[padding.first_rows()]  # (B, H)
+        # once per forward, not per layer: MPNet's (B or 1, nh, T, T), DeBERTa's Positions
         mask = None if self.relative_bias is None else self.relative_bias.scores(length, padding)
-        for i in schedule:
+        for i in (self.schedule[:-1] if first_only else self.schedule):
             x = self.layers[i](x, padding, batch, length, mask)  # (N, H)
         if first_only:
-            hidden = self.layers[self.schedule[-1]].forward_first(x, padding, batch, length, mask)[:, None]  # (B, 1, H)
-        else:
-            hidden = x.view(batch, length, -1) if padding is None else padding.pad(x)  # (B, T, H)
-
-        pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None  # (B, H)
-        return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+            return self.layers[self.schedule[-1]].forward_first(x, padding, batch, length, mask)  # (B, H)
+        return x
 
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                        packed: Packed, first_only: bool = False) -> "PackedOutput":

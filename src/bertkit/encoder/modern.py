@@ -225,7 +225,9 @@ class EncoderLayer(nn.Module):
         q, k, v = (qkv.view(batch, length, 3, self.num_heads, self.head_dim)
                    .permute(2, 0, 3, 1, 4).unbind(0))  # (B, nh, T, hs) each
         mask = None if padding is None else padding.key_mask  # (B, 1, 1, T)
-        if self.half_window is not None and length > self.half_window + 1:
+        # An exported graph keeps the band whatever the traced length: decided by that length, a
+        # short trace would drop it for every longer input (a band within one window hides nothing).
+        if self.half_window is not None and (length > self.half_window + 1 or torch.compiler.is_exporting()):
             band = band_mask(length, self.half_window, x.device)[None, None]  # (1, 1, T, T)
             mask = band if mask is None else mask & band  # (B, 1, T, T)
         y = ops.attention(q, k, v, mask, self.attention_dropout, self.training)  # (B, nh, T, hs)

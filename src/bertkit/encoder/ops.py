@@ -112,19 +112,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch
     float mask added to the scores (MPNet's relative bias, -inf at padding keys) broadcast to
     (B, nh, T, T), or None. Without dropout this is `F.scaled_dot_product_attention` (fused
     kernels). With dropout on CPU the probabilities are materialised, as SDPA's own math path
-    does, but masked by `dropout`.
+    does, but masked by `dropout`; so they are with a float mask under torch.export (below).
     """
     if key_mask is not None and key_mask.is_floating_point():
         key_mask = key_mask.to(q.dtype)  # SDPA takes a float mask in the queries' dtype (bf16 autocast)
-    if not training or dropout_p == 0.0 or q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                              dropout_p=dropout_p if training else 0.0)
+    # A float mask under torch.export (MPNet's bias, DeBERTa's position terms, in `bertkit export`)
+    # takes the written-out path: the ONNX exporter's decomposition of SDPA with such a mask
+    # reshapes its output as a view its strides do not allow, and stops.
+    exporting = torch.compiler.is_exporting() and key_mask is not None and key_mask.is_floating_point()
+    dropping = training and dropout_p > 0.0
+    if not exporting and (not dropping or q.device.type != "cpu"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p if dropping else 0.0)
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, nh, T, T)
     if key_mask is not None and key_mask.is_floating_point():
         scores = scores + key_mask
     elif key_mask is not None:
         scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
-    probs = dropout(scores.softmax(-1), dropout_p, True)
+    probs = scores.softmax(-1)  # (B, nh, T, T)
+    probs = dropout(probs, dropout_p, True) if dropping else probs
     return torch.matmul(probs, v)  # (B, nh, T, hs)
 
 

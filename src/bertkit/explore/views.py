@@ -26,7 +26,9 @@ from bertkit.constants import IGNORE_INDEX
 from bertkit.data.builtin import MINIMAL_PAIRS
 from bertkit.data.masking import KIND_NAMES, NOT_SELECTED, jieba_word_starts, jieba_words, mask_text
 from bertkit.data.tokenizer import BertTokenizer
+from bertkit.encoder import disentangled
 from bertkit.encoder.model import BertForMaskedLM, BertModel, count_parameters, encoder_of
+from bertkit.encoder.packing import Padding
 from bertkit.encoder.summary import parameter_rows
 from bertkit.encoder.tasks import is_cross_encoder, label_names, use_of
 from bertkit.inference import Engine, classify, fill_mask, ner, qa, rerank, similarity
@@ -360,9 +362,7 @@ def attention_trace(encoder: BertModel, input_ids: torch.Tensor, token_type_ids:
     Equal to `BertModel.forward` at real positions (which never computes the weights: it calls a
     fused attention kernel) and to transformers' `output_attentions`.
     """
-    config = encoder.config
     batch, length = input_ids.shape
-    nh, hs = config.num_attention_heads, config.head_dim
     keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
     scores_out, probs_out = [], []
     with torch.inference_mode():
@@ -370,26 +370,53 @@ def attention_trace(encoder: BertModel, input_ids: torch.Tensor, token_type_ids:
         if encoder.embed_proj is not None:
             x = encoder.embed_proj(x)  # (B, T, H)
         x = x.reshape(batch * length, -1)  # (B*T, H)
+        # MPNet's bias (1, nh, T, T) or DeBERTa's Positions, made once for every layer as the model does
+        relative = None if encoder.relative_bias is None else encoder.relative_bias.of_length(length)
         for i in encoder.schedule:
             layer = encoder.layers[i]
-            # Any layer but BERT's (ModernBERT's: pre-LN, rotary, sliding windows) writes itself out.
-            if config.family.layers != "bert":
-                scores, probs, x = layer.explicit(x, batch, length, keys)
-                scores_out.append(scores)
-                probs_out.append(probs)
-                continue
-            q, k, v = (layer.qkv(x).view(batch, length, 3, nh, hs)  # (B, T, 3, nh, hs)
-                       .permute(2, 0, 3, 1, 4).unbind(0))  # 3 × (B, nh, T, hs)
-            scores = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (B, nh, T, T)
-            masked = scores if keys is None else scores.masked_fill(~keys, float("-inf"))
-            probs = masked.softmax(-1)  # (B, nh, T, T)
-            y = (probs @ v).transpose(1, 2).reshape(batch * length, -1)  # (B*T, H)
-            x = layer.feed_forward(x, y)  # (B*T, H)
+            # ModernBERT's layers (pre-LN, rotary, sliding windows) write themselves out.
+            explicit = getattr(layer, "explicit", None)
+            if explicit is not None:
+                scores, probs, x = explicit(x, batch, length, keys)
+            else:
+                scores, probs, x = _bert_layer_explicit(layer, x, batch, length, keys, relative)
             scores_out.append(scores)
             probs_out.append(probs)
         if encoder.final_norm is not None:
             x = encoder.final_norm(x)
     return AttentionTrace(scores_out, probs_out, x.view(batch, length, -1))
+
+
+def _bert_layer_explicit(layer: nn.Module, x: torch.Tensor, batch: int, length: int, keys: torch.Tensor | None,
+                         relative: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A BERT-style layer (`model.EncoderLayer`) with its weights written out: x (B*T, H) → scores
+    (B, nh, T, T) before the padding mask, probabilities, and the layer's output (B*T, H).
+
+    scores are q·k/√hs, plus MPNet's relative bias (`relative`, (1, nh, T, T)); DeBERTa's are the
+    content, content-to-position and position-to-content terms over its larger divisor
+    (`disentangled.DisentangledAttention`, `relative` its Positions), with v2's convolution after
+    the first layer, each sequence zero-padded at its own end.
+    """
+    nh, hs = layer.num_heads, layer.head_dim
+    q, k, v = (layer.qkv(x).view(batch, length, 3, nh, hs)  # (B, T, 3, nh, hs)
+               .permute(2, 0, 3, 1, 4).unbind(0))  # 3 × (B, nh, T, hs)
+    terms = layer.disentangled
+    if terms is None:
+        scores = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (B, nh, T, T)
+        scores = scores if relative is None else scores + relative  # MPNet: (1, nh, T, T) broadcast
+    else:
+        scores = q @ k.transpose(-1, -2) / terms.scale  # (B, nh, T, T)
+        if relative.index is not None:
+            projected = terms.projections(layer, relative.embeddings)
+            scores = scores + terms.position_scores(q, k, *projected, relative.index, relative.first_row)
+    masked = scores if keys is None else scores.masked_fill(~keys, float("-inf"))
+    probs = masked.softmax(-1)  # (B, nh, T, T)
+    y = (probs @ v).transpose(1, 2).reshape(batch * length, -1)  # (B*T, H)
+    out = layer.feed_forward(x, y)  # (B*T, H)
+    if layer.conv is not None:  # every row kept, each knowing its sequence's length
+        padding = None if keys is None else Padding(torch.arange(batch * length), keys, batch, length)
+        out = layer.conv(x, out, disentangled.padded_rows(padding, batch, length, x.device))
+    return scores, probs, out
 
 
 def attention(explorer: Explorer, text: str, pair: str | None = None, pad: int = 4, layer: int = 0,
@@ -399,9 +426,6 @@ def attention(explorer: Explorer, text: str, pair: str | None = None, pad: int =
     keys hidden (what BERT does) and without (what it would do with no mask)."""
     enc = explorer.encode(text, pair)
     config = explorer.model.config
-    if config.family.relative_attention == "disentangled":
-        raise ViewError(f"the attention view does not draw DeBERTa's disentangled attention yet (model_type "
-                        f"{config.model_type!r}); the other views take this model")
     depth = len(explorer.encoder.schedule)
     if not isinstance(layer, int) or not 0 <= layer < depth:
         raise ViewError(f"`layer` must be in 0..{depth - 1}, got {layer!r}")
