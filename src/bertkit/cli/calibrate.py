@@ -29,7 +29,8 @@ def _run_calibrate(args: argparse.Namespace) -> None:
                          max_batch_tokens=args.max_batch_tokens, overwrite=args.overwrite)
     held, cal = manifest["held_out"], manifest["calibration"]
     print(f"calibrated {manifest['linears']} Linear layers on {cal['texts']:,} texts ({cal['tokens']:,} tokens) "
-          f"→ {args.out}" + (f" ({cal['skipped_rows']:,} bad rows skipped)" if cal["skipped_rows"] else ""))
+          f"→ {args.out}" + (f" ({cal['skipped_rows']:,} bad row{'' if cal['skipped_rows'] == 1 else 's'} skipped)"
+             if cal["skipped_rows"] else ""))
     print(f"held out {held['texts']:,} texts: cosine to fp32 min {held['min_cosine']:.4f}, "
           f"mean {held['mean_cosine']:.4f}")
     print(json.dumps(manifest, ensure_ascii=False))
