@@ -139,6 +139,22 @@ def test_tiny_random_model_close_to_fp32(minilm_dir, tmp_path):
                if isinstance(m, nn.Linear))
 
 
+def test_a_task_model_quantizes_its_encoder_and_keeps_its_head(minilm_dir, tmp_path):
+    """classify over int8-static: the encoder's Linears int8, the classifier's fp32 (the head is
+    outside what calibration measures), and the same label as fp32 for each text."""
+    from bertkit.encoder.heads import BertForSequenceClassification
+    from bertkit.inference import classify
+
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    model_dir = save_tiny(BertForSequenceClassification, tokenizer, tmp_path / "clf", id2label={0: "a", 1: "b"})
+    texts = bbc_sentences(40)
+    engine = Engine.load(model_dir, use="classify", precision="int8-static", calibration=texts[:30])
+    assert type(engine.model.classifier) is nn.Linear
+    assert isinstance(engine.model.bert.layers[0].ffn_in, StaticInt8Linear)
+    got, want = classify(engine, texts[30:]), classify(Engine.load(model_dir, use="classify"), texts[30:])
+    assert [g["label"] for g in got] == [w["label"] for w in want]
+
+
 def test_calibrate_writes_the_model_with_its_scales_and_accuracy(minilm_dir, tmp_path, capsys):
     from bertkit import cli
 
