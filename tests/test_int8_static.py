@@ -134,6 +134,11 @@ def test_tiny_random_model_close_to_fp32(minilm_dir, tmp_path):
     assert engine.stats.tokens == 0  # calibration's forward is not counted as use
     reference = embed(Engine.load(model_dir), held)
     assert cosines(embed(engine, held), reference).min() >= 0.99
+    # The front door takes the same calibration (the ranges measured on the same texts: same answers).
+    import bertkit
+
+    front = bertkit.load(model_dir, precision="int8-static", calibration=train, device="cpu")
+    assert torch.allclose(torch.as_tensor(front.encode(held, normalize=True)), embed(engine, held), atol=1e-5)
     # The caller's fp32 model is left as it was: the engine quantized a copy.
     assert all(type(m) is nn.Linear for m in BertModel.from_pretrained(model_dir).modules()
                if isinstance(m, nn.Linear))
