@@ -116,6 +116,9 @@ SPECS: dict[str, Spec] = {
     "mine-negatives": Spec(["mine-negatives", "--input", "{INPUT}", "--model", "{MODEL}", "--out", "{OUT}"],
                            out="file", existing=["mined.jsonl"], input_suffix=".jsonl", input_default="PAIRS",
                            model_default="PT"),
+    # Calibration text in, the model with its int8-static scales out.
+    "calibrate": Spec(["calibrate", "{MODEL}", "--calibration", "{INPUT}", "--out", "{OUT}"], out="dir",
+                      existing=["config.json"], input_suffix=".txt", input_default="TEXTS", model_default="PT"),
     # The index is good in every case; the model slot is the reranker.
     "search": Spec(["search", "{INDEX}", "the cat", "--rerank", "{MODEL}"], model_default="RERANK",
                    wrong_model="PT"),
@@ -144,6 +147,7 @@ FILE_FORMS: dict[str, Spec] = {
 # --FLAG"): BGE-M3's outputs need its head files, so the wrong model is one without them.
 FLAG_FORMS: dict[str, Spec] = {
     "embed --output": replace(_use("embed", "M3", "--output", "dense,sparse,colbert"), wrong_model="PT"),
+    "embed --calibration": _use("embed", "PT", "--precision", "int8-static", "--calibration", "{TEXTS}"),
 }
 
 # (command, case) → why, where the rules in `not_applicable` do not say it already.

@@ -54,7 +54,8 @@ DEFAULT_CHUNK = 1024
 def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
          base: str | os.PathLike | None = None, precision: str = "fp32", device: str = "auto",
          max_length: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-         threads: int | None = None, truncate: bool = True) -> "Model":
+         threads: int | None = None, truncate: bool = True,
+         calibration: "str | os.PathLike | Sequence[str] | None" = None) -> "Model":
     """Load a model directory (bertkit's or any Hugging Face BERT-family checkpoint) for use.
 
     path: a model directory, or a LoRA adapter directory (PEFT's files), run over its base: the
@@ -64,7 +65,9 @@ def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
       over one base).
 
     precision: fp32 (default: equal to sentence-transformers and transformers), bf16, int8 (CPU;
-      cosine ≈ 0.99 to fp32) or auto (the faster of fp32 and bf16, measured on this machine).
+      cosine ≈ 0.99 to fp32), int8-static (CPU; ranges calibrated on text: `calibration`, a file
+      or texts, or those `bertkit calibrate` saved in `path`) or auto (the faster of fp32 and
+      bf16, measured on this machine).
     device: auto (CUDA when there is one, as sentence-transformers picks), cpu or cuda.
     max_length: tokens per input (default: the model's own limit, a sentence-transformers model's
       max_seq_length, a reranker's trained pair length). truncate=False makes longer inputs an error.
@@ -84,6 +87,8 @@ def load(path: str | os.PathLike, *, adapter: str | os.PathLike | None = None,
                                    threads=threads, truncate=truncate)
     if max_length is not None:
         options["max_length"] = max_length
+    if calibration is not None:
+        options["calibration"] = calibration
     model = Model(Engine.load(directory, use=use, **options), **sentence_transformers_settings(directory))
     model.colbert = Colbert.of(model.engine)
     return model

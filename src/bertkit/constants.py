@@ -23,7 +23,7 @@ EXPORT_USES = ("embed", "fill-mask", "classify", "rerank", "ner", "qa")
 
 # Precisions: what the engine runs (int8: dynamic quantization of the Linear layers), what training
 # runs (int8 does not train); "auto" measures this machine once and keeps the faster.
-ENGINE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+ENGINE_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int8-static")
 TRAINING_PRECISIONS = ("auto", "fp32", "bf16")
 
 # How tokens become one vector: every pooling the engine computes, and the ones a bi-encoder trains

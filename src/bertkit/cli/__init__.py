@@ -1,16 +1,16 @@
 """Command line: parses arguments and calls one library function per command.
 
-One module per room (`use`: embed, fill-mask, classify, ner, qa, rerank; `retrieval`: index,
-search; `pretrain`: tokenizer train, prepare, mask-demo, pretrain, plot, quickstart; `finetune`:
-finetune, predict, datasets; `eval`; `distill`; `serve`; `explore`; `export`; `info`), each with an `add(sub)` that
-registers its commands; a command has a `_add_<name>(sub)` that declares its arguments and a
-`_run_<name>(args)` that calls the library. One error boundary in `main` serves every command:
-library errors (ValueError, including UnicodeDecodeError and CheckpointError, and every OSError:
-missing, existing, unreadable or unwritable paths) are printed as exactly one line,
+One module per room (`use`: embed, fill-mask, classify, ner, qa, rerank; `retrieval`: index, search;
+`pretrain`: tokenizer train, prepare, mask-demo, pretrain, plot, quickstart; `finetune`: finetune,
+predict, datasets; `calibrate`; `eval`; `distill`; `serve`; `explore`; `export`; `info`), each with
+an `add(sub)` that registers its commands; a command has a `_add_<name>(sub)` that declares its
+arguments and a `_run_<name>(args)` that calls the library. One error boundary in `main` serves
+every command: library errors (ValueError, including UnicodeDecodeError and CheckpointError, and
+every OSError: missing, existing, unreadable or unwritable paths) are printed as exactly one line,
 `bertkit CMD: error: ...`, with exit status 2 and no traceback. Messages are made at their source,
 in the library, so Python callers get them too; the boundary only turns a bare OSError into a line
-naming the path. Every command also takes `--threads N` (torch's intra-op threads), and
-`bertkit --version` prints the version.
+naming the path. Every command also takes `--threads N` (torch's intra-op threads), and `bertkit
+--version` prints the version.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from bertkit.cli import distill, eval, explore, export, finetune, info, pretrain, retrieval, serve, use
+from bertkit.cli import calibrate, distill, eval, explore, export, finetune, info, pretrain, retrieval, serve, use
 from bertkit.cli.finetune import finetune_summary_line
 from bertkit.cli.pretrain import pretrain_summary_line
 
@@ -27,7 +27,7 @@ __all__ = ["USER_ERRORS", "build_parser", "command_parsers", "error_line", "fine
            "main", "pretrain_summary_line"]
 
 # In this order `bertkit --help` lists the commands.
-ROOMS = [info, use, pretrain, finetune, eval, serve, retrieval, distill, explore, export]
+ROOMS = [info, use, calibrate, pretrain, finetune, eval, serve, retrieval, distill, explore, export]
 
 
 def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -15,15 +15,20 @@ BATCH_TOKENS_HELP = "real tokens per batch (8192)"
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, explain_precision: bool = False,
                          max_batch_tokens_help: str | None = None, max_length_help: str | None = None,
-                         truncate: bool = False, device: str = "cpu") -> None:
+                         truncate: bool = False, device: str = "cpu", calibration: bool = False) -> None:
     """The inference engine's flags, for every command that builds one: --precision and --device
     always; --max-batch-tokens and --max-length where a help text is given (search batches its
     queries itself; serve limits inputs with its own --max-input-length, as text-embeddings-inference
-    names it); --no-truncate with `truncate`. Defaults are the engine's: exact fp32 on the CPU
-    (`predict` keeps its own: the GPU when there is one)."""
+    names it); --no-truncate with `truncate`; --calibration (int8-static's text) with `calibration`.
+    Defaults are the engine's: exact fp32 on the CPU (`predict` keeps its own: the GPU when
+    there is one)."""
     p.add_argument("--precision", choices=ENGINE_PRECISIONS, default="fp32",
-                   help="fp32 (default, exact); bf16; int8 (dynamic, per-token; CPU); auto = the "
-                   "faster of fp32 and bf16, measured on this machine" if explain_precision else None)
+                   help="fp32 (default, exact); bf16; int8 (dynamic, per-token; CPU); int8-static "
+                   "(calibrated: --calibration FILE, or a directory from `bertkit calibrate`; CPU); auto = "
+                   "the faster of fp32 and bf16, measured on this machine" if explain_precision else None)
+    if calibration:
+        p.add_argument("--calibration", metavar="FILE", default=None,
+                       help="int8-static: text to measure activation ranges on, one text a line")
     if max_batch_tokens_help is not None:
         p.add_argument("--max-batch-tokens", type=int, default=8192, help=max_batch_tokens_help)
     if max_length_help is not None:

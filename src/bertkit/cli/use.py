@@ -46,7 +46,8 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
     p.add_argument("--text-field", default="text", help="jsonl key / csv column of the text (text)")
     add_run_arguments(p, resume="continue a killed --input run", overwrite="replace an existing --out")
     add_engine_arguments(p, explain_precision=True, max_batch_tokens_help=BATCH_TOKENS_HELP,
-                         max_length_help="tokens per input (default: the model's limit)", truncate=True)
+                         max_length_help="tokens per input (default: the model's limit)", truncate=True,
+                         calibration=True)
     p.add_argument("--json", action="store_true", help="print one JSON object per text")
     return p
 
@@ -57,7 +58,8 @@ def _engine(args: argparse.Namespace, use: str):
     from bertkit.adapters import is_adapter_dir, open_engine, resolve
 
     options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
-                   truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}))
+                   truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}),
+                   **({"calibration": args.calibration} if getattr(args, "calibration", None) else {}))
     adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
     if use == "fill-mask" and is_adapter_dir(args.model):
         raise ValueError(f"{args.model} is a LoRA adapter directory; adapters classify, tag, answer, rerank or "

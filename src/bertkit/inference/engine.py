@@ -11,8 +11,8 @@ small `head` function, and the engine does the rest the same way:
 - no compute on padding anywhere: sequences are packed end to end (`packing.Packed`), every dense
   layer sees only real tokens and attention runs per run of equal-length neighbours (CPU) or as
   one variable-length flash call (CUDA, 16-bit);
-- `torch.inference_mode`, a precision (fp32, bf16, dynamic int8, or `auto`, decided by
-  measuring) and a thread count.
+- `torch.inference_mode`, a precision (fp32, bf16, dynamic int8, static int8 calibrated on
+  text, or `auto`, decided by measuring) and a thread count.
 
 A sequence's result does not depend on its neighbours: one text alone gives the same numbers as
 in any batch, in any order (fp32: within 1e-5, the float summation order of the matmuls).
@@ -40,6 +40,7 @@ from bertkit.encoder import tasks
 from bertkit.encoder.checkpoint import missing_from
 from bertkit.encoder.heads import use_class
 from bertkit.encoder.m3 import M3Heads, read_m3_heads
+from bertkit.encoder.model import encoder_of
 from bertkit.encoder.packing import Packed
 from bertkit.encoder.sentence_transformers import Pooling, sparse_encoder_length
 from bertkit.util.fileio import model_directory
@@ -107,9 +108,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """
     if precision not in ENGINE_PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
-    if precision == "int8" and device.type != "cpu":
-        raise ValueError("precision int8 (dynamic quantization) runs on the CPU only; use bf16 on "
-                         f"{device.type}")
+    if precision in ("int8", "int8-static") and device.type != "cpu":
+        raise ValueError(f"precision {precision} runs on the CPU only; use bf16 on {device.type}")
     if precision != "auto":
         return precision
     from bertkit.backend.precision import resolve_precision as measured
@@ -117,13 +117,14 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return measured("auto", device)
 
 
-def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
+def prepare_model(model: nn.Module, precision: str, device: torch.device, scales: Any = None) -> nn.Module:
     """The model in eval mode on `device`, in the precision's form.
 
     bf16: weights cast to bfloat16 (no per-call casts, unlike autocast); LayerNorm and softmax
     accumulate in fp32 inside their kernels. int8: a copy with every nn.Linear replaced by an
     `int8.Int8Linear` (weights per output channel, activations per token; see `int8.py` for why
-    not torch's quantize_dynamic); the caller's model is left as it was.
+    not torch's quantize_dynamic); the caller's model is left as it was. int8-static: a copy with
+    the encoder's Linears at the calibrated input ranges `scales` (`int8_static.StaticScales`).
     """
     model = model.eval().to(device)
     if precision == "bf16":
@@ -132,6 +133,10 @@ def prepare_model(model: nn.Module, precision: str, device: torch.device) -> nn.
         from bertkit.backend.int8 import quantize_linears
 
         return quantize_linears(copy.deepcopy(model))
+    if precision == "int8-static":
+        from bertkit.backend.int8_static import quantize_static
+
+        return quantize_static(copy.deepcopy(model), scales)
     return model
 
 
@@ -191,6 +196,10 @@ class Engine:
     # BGE-M3's lexical and multi-vector heads (`encoder.m3`), when the directory has them; they run
     # on the encoder's last states (`inference.m3`).
     m3: M3Heads | None = None
+    # int8-static: text to calibrate on (a file, or texts), or the ranges already measured
+    # (`int8_static.StaticScales`); neither → the scales saved in model_dir by `bertkit calibrate`.
+    calibration: str | os.PathLike | Sequence[str] | None = None
+    int8_scales: Any = None
 
     def __post_init__(self) -> None:
         if self.threads is not None:
@@ -210,7 +219,9 @@ class Engine:
             raise ValueError(f"max_length {self.max_length} must be in 3..{limit} "
                              f"(the model's max_position_embeddings)")
         self.precision = resolve_precision(self.precision, self.device)
-        self.model = prepare_model(self.model, self.precision, self.device)
+        if self.precision == "int8-static" and self.int8_scales is None:
+            self.int8_scales = self._static_scales()
+        self.model = prepare_model(self.model, self.precision, self.device, self.int8_scales)
         self.float_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         if self.m3 is not None:
             # Two Linear layers over the last states, beside a dozen layers: int8 would save nothing
@@ -236,6 +247,28 @@ class Engine:
             options["max_length"] = input_length(model.config, tokenizer, pooling, model_dir)
         m3 = read_m3_heads(model_dir, model.config.hidden_size)
         return cls(model, tokenizer, model_dir=Path(model_dir), use=use, pooling=pooling, m3=m3, **options)
+
+    def _static_scales(self) -> Any:
+        """int8-static's input ranges: measured now on `calibration` with the fp32 model, or read
+        from the model directory."""
+        from bertkit.backend.int8_static import NEEDS_CALIBRATION, StaticScales, calibration_texts, observing
+
+        if self.calibration is None:
+            saved = StaticScales.read(self.model_dir) if self.model_dir is not None else None
+            if saved is None:
+                raise ValueError(NEEDS_CALIBRATION)
+            return saved
+        texts, _ = calibration_texts(self.calibration)
+        self.model = self.model.eval().to(self.device)
+        encoder = encoder_of(self.model)
+        scales = StaticScales()
+        with observing(self.model, scales):
+            for _ in self.run_encodings(self.encode(texts), lambda _model, batch: encoder.forward_packed(
+                    batch.input_ids, batch.token_type_ids, batch.packed)):
+                pass
+        scales.tokens = self.stats.tokens
+        self.stats = Stats()  # the counts are the uses', not calibration's
+        return scales
 
     # -- tokenization --------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> list[Any]:

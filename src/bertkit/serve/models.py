@@ -82,7 +82,8 @@ class ServedModel:
                                        "activation_function": self.splade.activation_function}
             model_type = {"embedding": embedding}
         return {"name": self.name, "model_id": str(self.engine.model_dir), "model_sha": None,
-                "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[self.engine.precision],
+                "model_dtype": {"fp32": "float32", "bf16": "bfloat16", "int8": "int8",
+                                "int8-static": "int8"}[self.engine.precision],
                 "precision": self.engine.precision, "device": str(self.engine.device),
                 "model_type": model_type, "uses": list(self.uses), "max_input_length": self.max_length,
                 "hidden_size": config.hidden_size, "prompts": dict(self.prompts),
