@@ -140,7 +140,10 @@ class BertTokenizer:
         special_map = _read_json_if_exists(directory / "special_tokens_map.json")
         specials = dict(_layout(directory, config).specials)
         for key in SPECIAL_KEYS:
-            value = config.get(key, special_map.get(key))
+            # A Gemma-style vocabulary (mmBERT's) names <bos> / <eos> and no cls / sep token; its
+            # tokenizer.json wraps texts in them, so they are the first and separating tokens.
+            fallback = {"cls_token": "bos_token", "sep_token": "eos_token"}.get(key)
+            value = config.get(key, special_map.get(key, config.get(fallback, special_map.get(fallback))))
             if isinstance(value, dict):  # AddedToken serialised as {"content": ...}
                 value = value.get("content")
             if isinstance(value, str):
