@@ -191,3 +191,27 @@ def test_sentencepiece_bpe_model_alone_gives_transformers_ids(tokenizer_class, t
     ours.save_pretrained(tmp_path / "saved")
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")
     assert ids(again(texts, pairs)) == ids(theirs(texts, pairs))
+
+
+@pytest.mark.parametrize("prefix", ["XLMRoberta", "Camembert"])
+def test_a_model_directory_with_sentencepiece_bpe_model_alone_embeds_and_fills_as_transformers(prefix, tmp_path):
+    """The whole path on such a directory: mean-pooled embeddings (≤ 1e-5) and fill-mask's top 5."""
+    pytest.importorskip("sentencepiece")
+    import torch
+
+    import bertkit
+
+    from family_fixtures import transformers_mean, transformers_top_masked
+
+    directory = fairseq_spm_dir(tmp_path / "model", prefix + "Tokenizer")
+    torch.manual_seed(0)
+    config = getattr(transformers, prefix + "Config")(
+        vocab_size=len(transformers.AutoTokenizer.from_pretrained(directory)), hidden_size=30, num_hidden_layers=2,
+        num_attention_heads=3, intermediate_size=37, max_position_embeddings=40, type_vocab_size=1, pad_token_id=1)
+    getattr(transformers, prefix + "ForMaskedLM")(config).eval().save_pretrained(directory)
+    model = bertkit.load(directory)
+    texts = ["北京是中国的首都", "مرحبا بالعالم", "Ça va très bien", "🙂 emoji"]
+    got = torch.as_tensor(model.encode(texts, pooling="mean"))
+    assert float((got - transformers_mean(directory, texts)).abs().max()) <= 1e-5
+    ids, _ = transformers_top_masked(directory, "Ça va <mask> bien", 5)
+    assert [c["token_id"] for c in model.fill_mask("Ça va <mask> bien")[0]] == ids
