@@ -1,4 +1,4 @@
-"""Encoder inference throughput: bertkit vs transformers (sdpa), same weights, same inputs, fp32.
+"""Encoder inference throughput: bertkit vs transformers (sdpa; eager where it has none), same weights, fp32.
 
 Two workloads, each timed for both sides in the same run, interleaved:
   fixed  — batches of 32 × 128 tokens, no padding;
@@ -12,6 +12,15 @@ Prints sequences/s and real tokens/s per side and, last, the ratios (ours / tran
 --family builds the family's base size (RoBERTa: BERT-base with RoBERTa's positions and one
 segment; ALBERT: the albert-base preset, 12 shared layers; DistilBERT: 6 layers of 768) and
 compares against the matching transformers model (AutoModel on the saved directory).
+
+    python bench/encoder.py --family xlm-roberta|electra|ernie|mpnet|deberta-v2
+
+The families users bring are built from their transformers config at a released base model's
+shape (xlm-roberta-base, electra-base-discriminator, ernie-3.0-base-zh with its task-type table,
+mpnet-base, deberta-v3-base), dropout off, and compared on the same workloads against
+transformers' own class with attn_implementation="sdpa" where transformers 5.25 offers it for the
+family (XLM-R, ELECTRA, ERNIE) and "eager" where it does not (MPNet, DeBERTa-v2); the header line
+says which.
 
     python bench/encoder.py --family modernbert [--size base|mini] [--mixed-batch 8]
     python bench/encoder.py --family modernbert --long 512,2048,8192   # cost per token by length
@@ -62,6 +71,22 @@ FAMILIES = {  # family: (preset, overrides) for a base-sized model of that famil
     "albert": ("albert-base", {}),
     "distilbert": ("base", {"model_type": "distilbert", "num_hidden_layers": 6}),
 }
+# family: (transformers config class, its base model's shape). Dropout is set off below.
+BROUGHT = {
+    "xlm-roberta": ("XLMRobertaConfig", dict(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1,
+                                             pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)),
+    "electra": ("ElectraConfig", dict(vocab_size=30522, embedding_size=768, hidden_size=768, num_hidden_layers=12,
+                                      num_attention_heads=12, intermediate_size=3072)),
+    "ernie": ("ErnieConfig", dict(vocab_size=40000, max_position_embeddings=2048, type_vocab_size=4,
+                                  use_task_id=True, task_type_vocab_size=3)),
+    "mpnet": ("MPNetConfig", dict(vocab_size=30527, max_position_embeddings=514, pad_token_id=1)),
+    "deberta-v2": ("DebertaV2Config", dict(vocab_size=128100, max_position_embeddings=512, relative_attention=True,
+                                           position_buckets=256, max_relative_positions=-1,
+                                           pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
+                                           position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7)),
+}
+# transformers 5.25 has no SDPA attention for these (MPNetModel / DebertaV2Model: _supports_sdpa False).
+EAGER_ONLY = ("mpnet", "deberta-v2")
 MODERN_SIZES = {  # ModernBERT-base's shape (Warner et al. 2024, table 5), and the modern-mini preset
     "base": dict(model_type="modernbert", num_hidden_layers=22, hidden_size=768, num_attention_heads=12,
                  intermediate_size=1152, vocab_size=50368, pad_token_id=50283),
@@ -153,7 +178,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="batches per workload and side")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats (best kept)")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--family", choices=sorted([*FAMILIES, "modernbert"]), default="bert",
+    parser.add_argument("--family", choices=sorted([*FAMILIES, *BROUGHT, "modernbert"]), default="bert",
                         help="model family (default bert; others are base-sized, see above)")
     parser.add_argument("--size", choices=sorted(MODERN_SIZES), default="base", help="ModernBERT's size")
     parser.add_argument("--mixed-batch", type=int, default=32, help="ModernBERT's mixed batch size (32)")
@@ -167,6 +192,11 @@ def main() -> None:
     if args.family == "modernbert":
         preset, overrides = None, {}
         config = BertConfig.from_dict(MODERN_SIZES[args.size])
+    elif args.family in BROUGHT:
+        class_name, shape = BROUGHT[args.family]
+        preset = f"{args.family}-base"
+        config = BertConfig.from_dict(getattr(transformers, class_name)(
+            **shape, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).to_dict())
     else:
         preset, overrides = FAMILIES[args.family]
         config = BertConfig.preset(preset or args.model, hidden_dropout_prob=0.0,
@@ -182,10 +212,15 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         ours.save_pretrained(tmp)
-        peer = transformers.AutoModel.from_pretrained(tmp, attn_implementation="sdpa").eval()
-    drop = ("token_type_ids",) if config.model_type in ("distilbert", "modernbert") else ()
+        attention = "eager" if args.family in EAGER_ONLY else "sdpa"
+        peer, info = transformers.AutoModel.from_pretrained(tmp, attn_implementation=attention,
+                                                            output_loading_info=True)
+        peer.eval()
+    if info["missing_keys"] or info["mismatched_keys"]:  # the peer must run the very same weights
+        raise SystemExit(f"transformers did not load every weight bertkit saved: {info}")
+    drop = ("token_type_ids",) if config.model_type in ("distilbert", "modernbert", "mpnet") else ()
     name = args.size if args.family == "modernbert" else preset or args.model
-    print(f"model {name} ({config.model_type}, {type(peer).__name__} on the peer side): "
+    print(f"model {name} ({config.model_type}, {type(peer).__name__} {attention} on the peer side): "
           f"{sum(p.numel() for p in ours.parameters()):,} parameters, fp32, {torch.get_num_threads()} threads")
 
     if args.family == "modernbert":

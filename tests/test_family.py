@@ -261,6 +261,32 @@ def test_ernie_task_type_row_zero_reaches_every_token(tmp_path):
         assert float((ours(**b).last_hidden_state[real] - ref[real]).abs().max()) > 1e-3
 
 
+def test_ernie_nonzero_task_type_id_matches_padded_and_packed(tmp_path):
+    """`task_type_id` in config.json: every token gets that row, as transformers' ErnieModel does
+    when task_type_ids is filled with it, in the padded and the packed path."""
+    theirs, ours = both("ernie", "Model", tmp_path, task_type_id=2)
+    assert ours.config.task_type_id == 2
+    b = batch("ernie")
+    real = b["attention_mask"].bool()
+    with torch.no_grad():
+        ref = theirs(**b, task_type_ids=torch.full_like(b["input_ids"], 2)).last_hidden_state
+        row_zero = theirs(**b).last_hidden_state
+        close(ours(**b).last_hidden_state[real], ref[real])
+        packed = ours.forward_packed(b["input_ids"][real], b["token_type_ids"][real],
+                                     Packed.from_lengths(b["attention_mask"].sum(1).tolist()))
+    close(packed.hidden, ref[real])
+    assert float((row_zero[real] - ref[real]).abs().max()) > 1e-3  # the row chosen matters
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"model_type": "ernie", "use_task_id": True, "task_type_vocab_size": 3, "task_type_id": 3}, "between 0 and 2"),
+    ({"model_type": "bert", "task_type_id": 1}, "use_task_id False"),
+])
+def test_task_type_id_outside_the_table_is_refused(values, named):
+    with pytest.raises(ValueError, match=named):
+        BertConfig.from_dict({"vocab_size": VOCAB, **values})
+
+
 def test_electra_discriminator_matches(tmp_path):
     """ElectraForPreTraining is the discriminator: one replaced-token logit per token, its loss the
     binary cross-entropy over real tokens; padded and packed, and back to transformers."""

@@ -147,3 +147,71 @@ def test_sentencepiece_tokenizer_json_gives_transformers_ids(tokenizer_class, tm
     again = transformers.AutoTokenizer.from_pretrained(tmp_path / "ours")
     assert type(again).__name__ == tokenizer_class
     assert ids(again(texts, pairs)) == ids(theirs(texts, pairs))
+
+
+def fairseq_spm_dir(work, tokenizer_class: str):
+    """An XLM-RoBERTa / CamemBERT directory as released before tokenizer.json: a SentencePiece
+    Unigram sentencepiece.bpe.model (<unk> <s> </s> first, nmt_nfkc table) trained on text in
+    several scripts, and tokenizer_config.json."""
+    import sentencepiece
+
+    from family_fixtures import SCRIPTS
+
+    work.mkdir()
+    corpus = work / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS + SCRIPTS), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(work / "sentencepiece.bpe"), vocab_size=150, model_type="unigram",
+        hard_vocab_limit=False, character_coverage=0.98, minloglevel=2)
+    corpus.unlink()
+    (work / "sentencepiece.bpe.vocab").unlink()
+    (work / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
+    return work
+
+
+@pytest.mark.parametrize("tokenizer_class", ["XLMRobertaTokenizer", "CamembertTokenizer"])
+def test_sentencepiece_bpe_model_alone_gives_transformers_ids(tokenizer_class, tmp_path):
+    """No tokenizer.json: sentencepiece.bpe.model is read with fairseq's ids laid over it, each
+    family its own way, equal to AutoTokenizer on Chinese, Arabic, accents, emoji, <mask> and pairs;
+    saved, it is a tokenizer.json that transformers reads to the same ids."""
+    pytest.importorskip("sentencepiece")
+    directory = fairseq_spm_dir(tmp_path / "spm", tokenizer_class)
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    ours = BertTokenizer.from_pretrained(directory)
+    assert not (directory / "tokenizer.json").exists() and ours.tokenizer_class == tokenizer_class
+    texts = TEXTS + ["北京是中国的首都", "مرحبا بالعالم", "Ça va très   bien, naïve", "✨🙂 emoji", "ﬁ Ｆｕｌｌ width"]
+    pairs = PAIRS + ["中国", "كيف حالك", "à vous", "🙂", "x <mask>"]
+    assert ours_ids(ours, texts) == ids(theirs(texts))
+    assert ours_ids(ours, texts, pairs) == ids(theirs(texts, pairs))
+    assert {t for e in ours.encode_batch(texts, pairs) for t in e.type_ids} == {0}
+    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id, ours.mask_token_id, ours.vocab_size) == (
+        theirs.cls_token_id, theirs.sep_token_id, theirs.pad_token_id, theirs.mask_token_id, len(theirs))
+    assert ours.decode(ours_ids(ours, ["Ça va"])[0], skip_special_tokens=True) == theirs.decode(
+        ids(theirs(["Ça va"]))[0], skip_special_tokens=True)
+    ours.save_pretrained(tmp_path / "saved")
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")
+    assert ids(again(texts, pairs)) == ids(theirs(texts, pairs))
+
+
+@pytest.mark.parametrize("prefix", ["XLMRoberta", "Camembert"])
+def test_a_model_directory_with_sentencepiece_bpe_model_alone_embeds_and_fills_as_transformers(prefix, tmp_path):
+    """The whole path on such a directory: mean-pooled embeddings (≤ 1e-5) and fill-mask's top 5."""
+    pytest.importorskip("sentencepiece")
+    import torch
+
+    import bertkit
+
+    from family_fixtures import transformers_mean, transformers_top_masked
+
+    directory = fairseq_spm_dir(tmp_path / "model", prefix + "Tokenizer")
+    torch.manual_seed(0)
+    config = getattr(transformers, prefix + "Config")(
+        vocab_size=len(transformers.AutoTokenizer.from_pretrained(directory)), hidden_size=30, num_hidden_layers=2,
+        num_attention_heads=3, intermediate_size=37, max_position_embeddings=40, type_vocab_size=1, pad_token_id=1)
+    getattr(transformers, prefix + "ForMaskedLM")(config).eval().save_pretrained(directory)
+    model = bertkit.load(directory)
+    texts = ["北京是中国的首都", "مرحبا بالعالم", "Ça va très bien", "🙂 emoji"]
+    got = torch.as_tensor(model.encode(texts, pooling="mean"))
+    assert float((got - transformers_mean(directory, texts)).abs().max()) <= 1e-5
+    ids, _ = transformers_top_masked(directory, "Ça va <mask> bien", 5)
+    assert [c["token_id"] for c in model.fill_mask("Ça va <mask> bien")[0]] == ids

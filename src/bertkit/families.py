@@ -47,7 +47,9 @@ LoraModules = tuple[tuple[str, int | None], ...]
 @dataclass(frozen=True)
 class TokenizerLayout:
     """What a family's tokenizer directory holds when it has no tokenizer.json, and its defaults."""
-    backend: str  # the `data/tokenizer_backends` builder that reads the files: wordpiece | bpe | unigram | deberta_spm
+    # the `data/tokenizer_backends` builder that reads the files: wordpiece | bpe | unigram | deberta_spm |
+    # fairseq_spm (json: tokenizer.json alone)
+    backend: str
     files: tuple[str, ...]  # the files that builder reads
     tokenizer_class: str  # transformers' class, written to tokenizer_config.json when none is named
     # Special tokens when tokenizer_config.json names none; empty: BERT's [PAD] [UNK] [CLS] [SEP] [MASK]
@@ -136,10 +138,13 @@ UNIGRAM = TokenizerLayout("unigram", ("spiece.model",), "AlbertTokenizer",
                            "mask_token": "[MASK]"}, extra="albert")
 # ModernBERT ships a tokenizer.json only (OLMo's BPE with BERT's special tokens).
 TOKENIZER_JSON = TokenizerLayout("json", ("tokenizer.json",), "PreTrainedTokenizerFast", {})
-# XLM-RoBERTa's and CamemBERT's SentencePiece Unigram model, read from its tokenizer.json (the
-# sentencepiece.bpe.model beside it is the same model): fairseq's special tokens and pairs.
-XLMR_JSON = TokenizerLayout("json", ("tokenizer.json",), "XLMRobertaTokenizer", _FAIRSEQ_SPECIALS)
-CAMEMBERT_JSON = TokenizerLayout("json", ("tokenizer.json",), "CamembertTokenizer", _FAIRSEQ_SPECIALS)
+# XLM-RoBERTa's and CamemBERT's SentencePiece Unigram model: tokenizer.json when the directory has
+# one, else sentencepiece.bpe.model with fairseq's ids laid over it (each its own way, as
+# transformers' XLMRobertaTokenizer / CamembertTokenizer do); fairseq's special tokens and pairs.
+XLMR_JSON = TokenizerLayout("fairseq_spm", ("sentencepiece.bpe.model",), "XLMRobertaTokenizer", _FAIRSEQ_SPECIALS,
+                            extra="xlm-roberta")
+CAMEMBERT_JSON = TokenizerLayout("fairseq_spm", ("sentencepiece.bpe.model",), "CamembertTokenizer",
+                                 _FAIRSEQ_SPECIALS, extra="xlm-roberta")
 # MPNet's WordPiece with fairseq's markers (`<s> A </s></s> B </s>`) and BERT's unknown token.
 MPNET_JSON = TokenizerLayout("json", ("tokenizer.json",), "MPNetTokenizer", {**_FAIRSEQ_SPECIALS, "unk_token": "[UNK]"})
 # DeBERTa-v2/v3's SentencePiece Unigram model (spm.model; v3 ships no tokenizer.json), BERT's markers.

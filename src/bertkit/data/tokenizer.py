@@ -16,8 +16,9 @@ with the special tokens of tokenizer_config.json, or the family's defaults (`Fam
 `bertkit.families`, by tokenizer_class or config.json's model_type). A RoBERTa directory without tokenizer.json
 loads from vocab.json + merges.txt as transformers' RobertaTokenizer builds it, an ALBERT
 directory without tokenizer.json from spiece.model as transformers' AlbertTokenizer builds it, a
-DeBERTa-v2/v3 one from spm.model as DebertaV2Tokenizer builds it (reading either file takes
-sentencepiece and protobuf: the `albert` and `deberta` extras).
+DeBERTa-v2/v3 one from spm.model as DebertaV2Tokenizer builds it, an XLM-RoBERTa or CamemBERT one
+from sentencepiece.bpe.model as XLMRobertaTokenizer / CamembertTokenizer build it (reading these
+files takes sentencepiece and protobuf: the `albert`, `deberta` and `xlm-roberta` extras).
 
 The `tokenizers` backend keeps truncation and padding as state; each call here sets them for itself,
 so one `BertTokenizer` must not be shared by threads that encode with different settings at once.
@@ -37,7 +38,7 @@ from tokenizers import Tokenizer
 
 from bertkit.data import tokenizer_backends as backends
 from bertkit.data.tokenizer_backends import CLS, SEP, SPECIAL_KEYS, SPECIAL_TOKENS  # noqa: F401
-from bertkit.families import BPE, DEBERTA_SPM, UNIGRAM, TokenizerLayout, tokenizer_layout
+from bertkit.families import BPE, CAMEMBERT_JSON, DEBERTA_SPM, UNIGRAM, XLMR_JSON, TokenizerLayout, tokenizer_layout
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, missing_model_dir
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,10 @@ class BertTokenizer:
         special_map = _read_json_if_exists(directory / "special_tokens_map.json")
         specials = dict(_layout(directory, config).specials)
         for key in SPECIAL_KEYS:
-            value = config.get(key, special_map.get(key))
+            # A Gemma-style vocabulary (mmBERT's) names <bos> / <eos> and no cls / sep token; its
+            # tokenizer.json wraps texts in them, so they are the first and separating tokens.
+            fallback = {"cls_token": "bos_token", "sep_token": "eos_token"}.get(key)
+            value = config.get(key, special_map.get(key, config.get(fallback, special_map.get(fallback))))
             if isinstance(value, dict):  # AddedToken serialised as {"content": ...}
                 value = value.get("content")
             if isinstance(value, str):
@@ -168,6 +172,11 @@ class BertTokenizer:
                                           trim_offsets=bool(config.get("trim_offsets", True)),
                                           tokenizer_class=config.get("tokenizer_class"))
             if not vocab_file.exists():
+                fairseq = _layout(directory, config)
+                if path.is_dir() and fairseq.backend == "fairseq_spm" and (directory / fairseq.files[0]).is_file():
+                    return cls.from_fairseq_spm(directory / fairseq.files[0], camembert=fairseq is CAMEMBERT_JSON,
+                                                add_prefix_space=bool(config.get("add_prefix_space", True)),
+                                                model_max_length=max_len, special_tokens=specials)
                 if path.is_dir() and all((directory / name).is_file() for name in DEBERTA_SPM.files):
                     return cls.from_deberta_spm(
                         directory / DEBERTA_SPM.files[0], lowercase=bool(config.get("do_lower_case", False)),
@@ -247,6 +256,18 @@ class BertTokenizer:
                                        add_prefix_space=add_prefix_space)
         tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
         tokenizer.tokenizer_class = DEBERTA_SPM.tokenizer_class
+        return tokenizer
+
+    @classmethod
+    def from_fairseq_spm(cls, spm_model: str | os.PathLike, *, camembert: bool = False, add_prefix_space: bool = True,
+                         model_max_length: int = 512, special_tokens: dict[str, str] | None = None) -> "BertTokenizer":
+        """XLM-RoBERTa's or CamemBERT's sentencepiece.bpe.model (`tokenizer_backends.fairseq_spm`;
+        reading the file takes the `xlm-roberta` extra)."""
+        layout = CAMEMBERT_JSON if camembert else XLMR_JSON
+        specials = {**layout.specials, **(special_tokens or {})}
+        backend = backends.fairseq_spm(spm_model, specials, camembert=camembert, add_prefix_space=add_prefix_space)
+        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
+        tokenizer.tokenizer_class = layout.tokenizer_class
         return tokenizer
 
     # -- settings ------------------------------------------------------------------------------

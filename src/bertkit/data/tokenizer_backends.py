@@ -11,6 +11,8 @@
   AlbertTokenizer builds it;
 - `deberta_spm`: DeBERTa-v2/v3's SentencePiece Unigram model from spm.model, as transformers'
   DebertaV2Tokenizer builds it;
+- `fairseq_spm`: XLM-RoBERTa's and CamemBERT's SentencePiece Unigram model from
+  sentencepiece.bpe.model with fairseq's ids, as XLMRobertaTokenizer / CamembertTokenizer build it;
 - `set_bert_post_processor`: `[CLS] A [SEP] (B [SEP])` with segment ids 0 / 1.
 
 BERT's special-token names live here too, as every builder needs them; each family's defaults
@@ -28,7 +30,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE, WordPiece
 
-from bertkit.families import DEBERTA_SPM, UNIGRAM, TokenizerLayout
+from bertkit.families import CAMEMBERT_JSON, DEBERTA_SPM, UNIGRAM, XLMR_JSON, TokenizerLayout
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +233,48 @@ def deberta_spm(spm_model: str | os.PathLike, specials: dict[str, str], *, lower
     backend.add_special_tokens([AddedToken(token, normalized=False, special=True)
                                 for token in dict.fromkeys({**SPECIAL_KEYS, **specials}.values())])
     set_bert_post_processor(backend, specials.get("cls_token", CLS), specials.get("sep_token", SEP))
+    return backend
+
+
+def fairseq_spm(spm_model: str | os.PathLike, specials: dict[str, str], *, camembert: bool = False,
+                add_prefix_space: bool = True) -> Tokenizer:
+    """XLM-RoBERTa's (or CamemBERT's) SentencePiece Unigram model (sentencepiece.bpe.model, when the
+    directory has no tokenizer.json) as a `tokenizers` pipeline, built as transformers 5.25's
+    XLMRobertaTokenizer / CamembertTokenizer build it from the same file (its XLMRobertaConverter
+    and CamembertConverter lay out the same ids):
+
+    - XLM-R: fairseq's `<s> <pad> </s> <unk>` at 0-3, then the model's pieces after its own
+      `<unk> <s> </s>` (so piece i has id i + 1), `<mask>` last;
+    - CamemBERT: `<s>NOTUSED <pad> </s>NOTUSED <unk> <unk>NOTUSED` at 0-4 (the last scored -100 so
+      that it is never chosen), then every piece but the model's `<unk>` (its `<s>` is 5, `</s>` 6),
+      `<mask>` last, which swallows the space before it.
+
+    Unknown at 3; the model's normalisation table (precompiled charsmap) where it has one;
+    whitespace split, "▁" word prefix; `<s> A </s></s> B </s>`, one segment id (0) throughout."""
+    from tokenizers import AddedToken
+    from tokenizers.models import Unigram
+
+    proto = read_sentencepiece(spm_model, CAMEMBERT_JSON if camembert else XLMR_JSON)
+    bos, pad, eos, unk, mask = (specials[k] for k in ("cls_token", "pad_token", "sep_token", "unk_token",
+                                                      "mask_token"))
+    pieces = [(piece.piece, piece.score) for piece in proto.pieces]
+    if camembert:
+        head = [("<s>NOTUSED", 0.0), (pad, 0.0), ("</s>NOTUSED", 0.0), (unk, 0.0), ("<unk>NOTUSED", -100.0)]
+        vocab = head + pieces[1:]
+    else:
+        vocab = [(bos, 0.0), (pad, 0.0), (eos, 0.0), (unk, 0.0)] + pieces[3:]
+    backend = Tokenizer(Unigram(vocab + [(mask, 0.0)], unk_id=3, byte_fallback=False))
+    if proto.normalizer_spec.precompiled_charsmap:
+        backend.normalizer = normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap)
+    scheme = "always" if add_prefix_space else "never"
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    backend.add_special_tokens([AddedToken(token, normalized=False, special=True, lstrip=camembert and token == mask)
+                                for token in dict.fromkeys((bos, pad, eos, unk, mask))])
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0 {eos}:0", pair=f"{bos}:0 $A:0 {eos}:0 {eos}:0 $B:0 {eos}:0",
+        special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
     return backend
 
 

@@ -146,10 +146,11 @@ class BertConfig:
     # depths use the same group), each group being inner_group_num layers.
     num_hidden_groups: int = 1
     inner_group_num: int = 1
-    # ERNIE: a table of task_type_vocab_size task types, whose row 0 (transformers' default
-    # task_type_ids) is added to every token when use_task_id (ERNIE 3.0's checkpoints set it).
+    # ERNIE: a table of task_type_vocab_size task types, whose row task_type_id (0: transformers'
+    # default task_type_ids) is added to every token when use_task_id (ERNIE 3.0's checkpoints set it).
     use_task_id: bool = False
     task_type_vocab_size: int = 3
+    task_type_id: int = 0
     # MPNet: rows of the relative-position bias table (a bias per head for each bucket of distance);
     # its attention reads the first 32, as transformers' does.
     relative_attention_num_buckets: int = 32
@@ -421,6 +422,11 @@ class BertConfig:
                             "does not have; remove it or use model_type 'ernie'")
         if family.task_types and (not isinstance(self.task_type_vocab_size, int) or self.task_type_vocab_size <= 0):
             problems.append(f"task_type_vocab_size must be a positive integer, got {self.task_type_vocab_size!r}")
+        tabled = family.task_types and self.use_task_id and isinstance(self.task_type_vocab_size, int)
+        rows = self.task_type_vocab_size if tabled else 1
+        if type(self.task_type_id) is not int or not 0 <= self.task_type_id < rows:
+            problems.append(f"task_type_id {self.task_type_id!r} is not a row of ERNIE's {rows} task type(s) "
+                            f"(use_task_id {self.use_task_id}); set it between 0 and {rows - 1}")
         if family.relative_attention == "bucketed" and (not isinstance(self.relative_attention_num_buckets, int)
                                           or self.relative_attention_num_buckets < 32):
             # transformers' MPNet buckets distances into 32 whatever the key says (relative.BUCKETS)

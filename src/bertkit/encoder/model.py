@@ -30,8 +30,9 @@ names (the record's `names`, converted in checkpoint.py), not other classes:
   head always uses exact GELU; the sequence classifier is dense → tanh → out_proj on the [CLS]
   (`<s>`) state, with no pooler. No NSP head. XLM-RoBERTa and CamemBERT are RoBERTa with a
   SentencePiece vocabulary: the same layers, under their own class names.
-- ERNIE (Sun et al. 2019): BERT plus a task-type embedding table (`use_task_id`), whose row 0 is
-  added to every token, as transformers does when no task_type_ids are given.
+- ERNIE (Sun et al. 2019): BERT plus a task-type embedding table (`use_task_id`), whose row
+  `task_type_id` (0 unless config.json says otherwise) is added to every token, as transformers
+  does with task_type_ids filled with that id. One task type per model, not one per token.
 - ELECTRA (Clark et al. 2020): BERT's layers; embeddings of width E projected to H by
   `embed_proj` (`embeddings_project` on disk) where E ≠ H; no pooler. The generator's MLM head
   maps H back to E (exact GELU), its decoder the tied (V, E) table; the discriminator
@@ -133,9 +134,11 @@ class Embeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, dim)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, dim) if config.has_segments else None
-        # ERNIE's task types: every token gets row 0, transformers' default task_type_ids.
+        # ERNIE's task types: every token gets row task_type_id (0 is transformers' default
+        # task_type_ids), as transformers' ErnieModel does with task_type_ids filled with that id.
         self.task_type_embeddings = (nn.Embedding(config.task_type_vocab_size, dim) if config.use_task_id
                                      else None)
+        self.task_type_id = config.task_type_id
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.dropout = ops.Dropout(config.hidden_dropout_prob)
         self.position_offset = config.position_offset
@@ -158,7 +161,7 @@ class Embeddings(nn.Module):
                 token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (B, T, E)
         if self.task_type_embeddings is not None:
-            x = x + self.task_type_embeddings.weight[0]  # (E,) broadcast
+            x = x + self.task_type_embeddings.weight[self.task_type_id]  # (E,) broadcast
         return self.dropout(self.norm(x))
 
     def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -170,7 +173,7 @@ class Embeddings(nn.Module):
                 token_type_ids = torch.zeros_like(token_type_ids)
             x = x + self.token_type_embeddings(token_type_ids)  # (N, E)
         if self.task_type_embeddings is not None:
-            x = x + self.task_type_embeddings.weight[0]  # (E,) broadcast
+            x = x + self.task_type_embeddings.weight[self.task_type_id]  # (E,) broadcast
         return self.dropout(self.norm(x))
 
 
