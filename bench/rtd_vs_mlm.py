@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-documents", type=int, default=None, help="a prefix of the corpus (a quick check)")
     p.add_argument("--train-size", type=int, default=1000, help="zh-ner training sentences")
     p.add_argument("--dev-size", type=int, default=500)
+    p.add_argument("--test-size", type=int, default=None, help="the first N test sentences (default: all)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--finetune-lr", type=float, default=5e-4)
     args = p.parse_args(argv)
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
     data = prepare_data(work, args.max_documents)
     splits = {"train": load_labelled("zh-ner", "train")[:args.train_size],
-              "dev": load_labelled("zh-ner", "dev")[:args.dev_size], "test": load_labelled("zh-ner", "test")}
+              "dev": load_labelled("zh-ner", "dev")[:args.dev_size],
+              "test": load_labelled("zh-ner", "test")[:args.test_size]}
     files = {name: write_examples(items, work / f"zh-ner.{name}.conll") for name, items in splits.items()}
     per_step = {objective: calibrate(work, data, objective, args) for objective in OBJECTIVES}
     steps = {objective: max(1, round(args.cpu_minutes * 60 / cost)) for objective, cost in per_step.items()}
