@@ -80,7 +80,10 @@ BROUGHT = {
     "ernie": ("ErnieConfig", dict(vocab_size=40000, max_position_embeddings=2048, type_vocab_size=4,
                                   use_task_id=True, task_type_vocab_size=3)),
     "mpnet": ("MPNetConfig", dict(vocab_size=30527, max_position_embeddings=514, pad_token_id=1)),
-    "deberta-v2": ("DebertaV2Config", dict(vocab_size=128100, max_position_embeddings=512, relative_attention=True,
+    # DebertaV2Config's defaults are DeBERTa-v2-xlarge's (1,536 wide, 24 layers): the base shape is set here.
+    "deberta-v2": ("DebertaV2Config", dict(vocab_size=128100, hidden_size=768, num_hidden_layers=12,
+                                           num_attention_heads=12, intermediate_size=3072,
+                                           max_position_embeddings=512, relative_attention=True,
                                            position_buckets=256, max_relative_positions=-1,
                                            pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
                                            position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7)),
