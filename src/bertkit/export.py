@@ -56,7 +56,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +71,7 @@ from bertkit.encoder.model import encoder_of
 from bertkit.encoder.packing import Padding, mean_pool
 from bertkit.inference import Engine
 from bertkit.inference.uses import USES
-from bertkit.util.fileio import check_writable_output, model_directory
+from bertkit.util.fileio import check_writable_output, model_directory, staged_directory
 
 FORMATS = ("onnx", "openvino")
 TASKS = EXPORT_USES
@@ -222,13 +221,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, format: str 
     inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if segments else [])
     outputs = list(OUTPUTS[task]) + (["sentence_embedding"] if pooled else [])
 
-    parent = out.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    work.chmod(0o777 & ~umask)  # mkdtemp's 0700 would follow the rename: a normal directory's mode
-    try:
+    with staged_directory(out) as work:
         copy_model_files(model_dir, work)
         onnx_file = work / "onnx" / "model.onnx"
         onnx_file.parent.mkdir()
@@ -241,10 +234,6 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, format: str 
             raise ValueError(f"the exported {format} model differs from bertkit's by {diff:.2e} "
                              f"(more than {CHECK_TOLERANCE:g}); nothing was written to {out}")
         files = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
-        _move_into_place(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return ExportReport(out=out, format=format, task=task, files=files, inputs=inputs, outputs=outputs,
                         max_abs_diff=diff, pooling=mode, normalize=norm)
 
@@ -368,24 +357,6 @@ def reference_outputs(graph: PaddedGraph, batch: dict[str, torch.Tensor]) -> dic
         if graph.pooling is not None:  # embed: last_hidden_state (B, T, H), zeros at padding
             found["sentence_embedding"] = pool_padded(out.last_hidden_state, mask, graph.pooling, graph.normalize)
         return found
-
-
-def _move_into_place(work: Path, out: Path) -> None:
-    """The finished export at `out`: renamed there when out is new or empty, else its entries
-    replace the same names in out (overwrite was asked for), each by a rename."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        if out.exists():
-            out.rmdir()
-        os.replace(work, out)
-        return
-    for entry in work.iterdir():
-        target = out / entry.name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-        os.replace(entry, target)
-    work.rmdir()
 
 
 __all__ = ["EXTRA_HINT", "FORMATS", "OUTPUTS", "TASKS", "ExportReport", "PaddedGraph", "export",

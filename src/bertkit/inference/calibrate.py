@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 from bertkit.backend.int8_static import ALPHA, MANIFEST_FILE, SCALES_FILE, calibration_texts
 from bertkit.inference.embed import embed
 from bertkit.inference.engine import DEFAULT_MAX_BATCH_TOKENS, Engine
-from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory
+from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory, staged_directory
 
 HELD_OUT = 0.1  # the share of the calibration texts kept out of calibration to measure accuracy
 MAX_HELD_OUT = 1000  # enough for a stable minimum; more only slows the command down
@@ -78,9 +77,7 @@ def calibrate(model_dir: str | os.PathLike, calibration: str | os.PathLike, out:
 
 def _write(model_dir: Path, out: Path, scales, manifest: dict) -> None:
     """The model's files and ours, assembled in a temp directory beside `out` and renamed onto it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
+    with staged_directory(out) as work:
         for entry in model_dir.iterdir():
             if entry.name in (SCALES_FILE, MANIFEST_FILE):
                 continue  # an earlier calibration's: replaced by this one's
@@ -88,29 +85,6 @@ def _write(model_dir: Path, out: Path, scales, manifest: dict) -> None:
             copy(entry, work / entry.name)
         scales.save(work)
         atomic_write_json(work / MANIFEST_FILE, manifest)
-        os.chmod(work, 0o777 & ~_umask())  # mkdtemp makes 0700
-        if not out.is_dir() or not any(out.iterdir()):
-            if out.is_dir():
-                out.rmdir()
-            os.replace(work, out)
-            return
-        for entry in work.iterdir():  # overwrite: each name of ours replaces the same name in out
-            target = out / entry.name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            os.replace(entry, target)
-        work.rmdir()
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 __all__ = ["ALPHA", "HELD_OUT", "calibrate", "held_out_split"]

@@ -159,6 +159,35 @@ def model_directory(spec: str | os.PathLike, what: str = "model") -> Path:
     return path
 
 
+@contextmanager
+def staged_directory(out: str | os.PathLike) -> Iterator[Path]:
+    """A work directory beside `out` to fill; when the block ends without an error it becomes
+    `out` (renamed there when out is new or empty, else each of its entries replaces the same name
+    in out, by a rename), and on any error it is removed and out is left as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    work.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would follow the rename: a normal directory's mode
+    try:
+        yield work
+        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+            if out.exists():
+                out.rmdir()
+            os.replace(work, out)
+            return
+        for entry in work.iterdir():
+            target = out / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            os.replace(entry, target)
+        work.rmdir()
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
