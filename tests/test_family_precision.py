@@ -5,7 +5,7 @@ minimum cosine of mean-pooled states of 0.999 at bf16 and 0.99 at int8 / int8-st
 result that does not depend on its batch. Here each family's own layers are checked the same way on
 a tiny random checkpoint made by transformers: RoBERTa's positions, XLM-R / CamemBERT SentencePiece,
 ALBERT's shared layers, DistilBERT, ERNIE's task-type table, ELECTRA's embedding projection, MPNet's
-relative bias and DeBERTa-v2 / v3's disentangled attention, each packed. fp32 itself equals
+relative bias, DeBERTa-v2 / v3's disentangled attention and ModernBERT's layers, each packed. fp32 itself equals
 transformers (tests/test_family.py, tests/test_family_deberta.py), so this is the precision's error
 alone.
 """
@@ -17,19 +17,20 @@ import shutil
 import pytest
 import torch
 
-from bertkit.backend.int8 import Int8EncoderLayer
+from bertkit.backend.int8 import Int8EncoderLayer, Int8Linear
 from bertkit.backend.int8_static import StaticInt8Linear
 from bertkit.inference import embed
 from bertkit.inference.engine import Engine
 
 from family_fixtures import CORPUS, PREFIX, SCRIPTS, make_checkpoint
+from modern_fixtures import make_modernbert
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
 import test_family_deberta as deberta  # noqa: E402  (after the skips: it needs both)
 
-FAMILIES = (*PREFIX, "deberta-v2", "deberta-v3")
+FAMILIES = (*PREFIX, "deberta-v2", "deberta-v3", "modernbert")
 TEXTS = list(dict.fromkeys(CORPUS + SCRIPTS))  # 12 texts in several scripts
 BOUND = {"bf16": 0.999, "int8": 0.99, "int8-static": 0.99}
 
@@ -50,6 +51,8 @@ def directories(tmp_path_factory):
                 deberta.make(family.split("-")[1], "Model", out, vocab_size=vocab)
                 for name in ("spm.model", "tokenizer_config.json"):
                     shutil.copy(spm / name, out / name)
+            elif family == "modernbert":
+                make_modernbert(out, kind="Model")
             else:
                 make_checkpoint(family, out, kind="Model")
             made[family] = out
@@ -59,9 +62,10 @@ def directories(tmp_path_factory):
 
 
 def quantized(layer: torch.nn.Module, precision: str) -> bool:
-    if precision == "int8":
-        return isinstance(layer, Int8EncoderLayer)
-    return any(isinstance(module, StaticInt8Linear) for module in layer.modules())
+    """Whether `layer` runs in int8: BERT-style layers become one fused Int8EncoderLayer, ModernBERT's
+    keep their class with Int8Linear projections; int8-static swaps each Linear for its own kind."""
+    kind = StaticInt8Linear if precision == "int8-static" else Int8Linear
+    return isinstance(layer, Int8EncoderLayer) or any(isinstance(module, kind) for module in layer.modules())
 
 
 def states(engine: Engine, texts: list[str]) -> torch.Tensor:
