@@ -273,3 +273,17 @@ def test_bf16_and_int8_bases_keep_close_to_the_merged_twin(base_dir, classifiers
     theirs = sequence_logits(Engine.load(merged, use="classify", precision=precision), TEXTS, None)
     exact = sequence_logits(Engine.load(merged, use="classify"), TEXTS, None)
     assert (ours - exact).abs().max() < tolerance and (theirs - exact).abs().max() < tolerance
+
+
+def test_an_adapter_over_an_int8_static_base_is_refused_naming_the_ways_that_work(base_dir, classifiers):
+    """Static scales fit the base's activations alone: one line naming int8 and a merged
+    calibration; the merged twin itself calibrates and runs near fp32."""
+    adapter, merged = classifiers[0]
+    with pytest.raises(AdapterError) as err:
+        load_engine(base_dir, adapter, precision="int8-static", calibration=TEXTS)
+    message = str(err.value)
+    assert "\n" not in message and "--precision int8" in message and "--lora-save merged" in message
+    exact = sequence_logits(Engine.load(merged, use="classify"), TEXTS, None)
+    static = sequence_logits(Engine.load(merged, use="classify", precision="int8-static", calibration=TEXTS),
+                             TEXTS, None)
+    assert (static - exact).abs().max() < 0.02
