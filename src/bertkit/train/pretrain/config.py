@@ -1,15 +1,18 @@
-"""Every setting of a pre-training run: `PretrainConfig`, written to RUN_DIR/pretrain_config.json."""
+"""Every setting of a pre-training run: `PretrainConfig`, written to RUN_DIR/pretrain_config.json;
+what a run directory holds, and the rules for starting over in it or resuming it."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.data.shards import OBJECTIVES
 from bertkit.encoder.config import BertConfig, check_override_keys
 from bertkit.train import optim, state
+from bertkit.util.fileio import check_writable_output, remove_outputs
 
 CONFIG_FILE = "pretrain_config.json"
 # What the data were prepared for, and ELECTRA's replaced-token detection, which needs only masks.
@@ -170,3 +173,29 @@ def default_mlm_probability(model: str, overrides: dict[str, Any] | None = None)
     except (ValueError, OSError):
         config = BertConfig()
     return config.family.mlm_probability
+
+
+# ---------------------------------------------------------------------------------------------
+# The run directory
+# ---------------------------------------------------------------------------------------------
+def prepare_run_dir(config: PretrainConfig) -> None:
+    """Refuse to mix runs: an existing non-empty RUN_DIR needs --resume or --overwrite."""
+    run_dir = check_writable_output(config.out, overwrite=None, kind="dir")
+    has_content = run_dir.is_dir() and any(run_dir.iterdir())
+    if not has_content or config.resume:
+        return
+    if not config.overwrite:
+        raise FileExistsError(f"run directory {run_dir} already exists and is not empty; pass --resume "
+                              "to continue it, --overwrite to start over, or choose another --out")
+    remove_outputs(run_dir, RUN_OUTPUTS)
+    state.remove_partial_checkpoints(run_dir)
+
+
+def check_resume_config(saved: dict[str, Any], config: PretrainConfig, source: Path) -> None:
+    """A resumed run must make the same updates: only operational settings may differ."""
+    # Neither path is compared: `runD/`, `runD` and /abs/runD are one directory, a run directory
+    # may be moved, and the data are compared by their digest (see `Trainer._resume`, trainer.py).
+    state.check_same_settings(config.out, saved, config.to_dict(), source,
+                              set(RESUMABLE_CHANGES) | {"data", "out"},
+                              "Resume with the original settings, or start a new run with "
+                              f"--init {Path(config.out) / state.MODEL}")

@@ -56,43 +56,17 @@ from bertkit.train.pretrain.batches import (
 )
 from bertkit.train.pretrain.config import (
     CONFIG_FILE,
-    RESUMABLE_CHANGES,
-    RUN_OUTPUTS,
     SUMMARY_FILE,
     PretrainConfig,
     TrainingDiverged,
+    check_resume_config,
+    prepare_run_dir,
 )
 from bertkit.train.pretrain.rtd import ReplacedTokenDetection
 from bertkit.util import distributed
-from bertkit.util.fileio import atomic_write_json, check_writable_output, model_directory, remove_outputs
+from bertkit.util.fileio import atomic_write_json, model_directory
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------
-# Run directory
-# ---------------------------------------------------------------------------------------------
-def prepare_run_dir(config: PretrainConfig) -> None:
-    """Refuse to mix runs: an existing non-empty RUN_DIR needs --resume or --overwrite."""
-    run_dir = check_writable_output(config.out, overwrite=None, kind="dir")
-    has_content = run_dir.is_dir() and any(run_dir.iterdir())
-    if not has_content or config.resume:
-        return
-    if not config.overwrite:
-        raise FileExistsError(f"run directory {run_dir} already exists and is not empty; pass --resume "
-                              "to continue it, --overwrite to start over, or choose another --out")
-    remove_outputs(run_dir, RUN_OUTPUTS)
-    state.remove_partial_checkpoints(run_dir)
-
-
-def check_resume_config(saved: dict[str, Any], config: PretrainConfig, source: Path) -> None:
-    """A resumed run must make the same updates: only operational settings may differ."""
-    # Neither path is compared: `runD/`, `runD` and /abs/runD are one directory, a run directory
-    # may be moved, and the data are compared by their digest (see `_resume`).
-    state.check_same_settings(config.out, saved, config.to_dict(), source,
-                              set(RESUMABLE_CHANGES) | {"data", "out"},
-                              "Resume with the original settings, or start a new run with "
-                              f"--init {Path(config.out) / state.MODEL}")
 
 
 # ---------------------------------------------------------------------------------------------

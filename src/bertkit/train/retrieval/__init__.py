@@ -38,6 +38,7 @@ Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"
     mining.py        `bertkit mine-negatives`: hard negatives as sentence-transformers' mine_hard_negatives
     crossencoder.py  rerank: the one-logit head, mined negatives, the bce and listwise losses
     loop.py          the run both share: epochs, saving, evaluation, the health checks
+    resumable.py     the run SPLADE (`train.sparse`) and ColBERT (`train.colbert`) share: exact resume, BM25 negatives
     evaluate.py      MRR@10 / Recall@k / nDCG@10 of a trained model, and a reranker's first stage
 """
 

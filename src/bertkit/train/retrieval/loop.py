@@ -18,7 +18,7 @@ import torch
 
 from bertkit.constants import FINETUNE_CONFIG
 from bertkit.train import health, lora, parallel
-from bertkit.train.card import drop_stale, finetune_card
+from bertkit.train.card import drop_stale
 from bertkit.train.retrieval import biencoder, crossencoder
 from bertkit.train.retrieval.common import (
     BUILTIN_PREFIX,
@@ -28,6 +28,7 @@ from bertkit.train.retrieval.common import (
     read_pairs,
 )
 from bertkit.train.retrieval.evaluate import evaluate
+from bertkit.train.retrieval.resumable import finish
 from bertkit.util import distributed
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
 
@@ -135,12 +136,7 @@ def run(config: RetrievalTrainConfig) -> dict[str, Any]:
         summary["eval"] = evaluate(load_engine(config.model, out) if adapters else out, config.task, config.eval,
                                    dims=config.matryoshka_dims, scored=config.loss in ("cosent", "angle"))
     summary["warnings"] = run_warnings(config, trainer, summary, len(examples))
-    for warning in summary["warnings"]:
-        log.warning("warning: %s", warning)
-    summary["seconds"] = round(time.time() - started, 2)
-    atomic_write_json(out / "eval.json", summary)
-    finetune_card(out)
-    return summary
+    return finish(out, summary, started)
 
 
 def _trainer(config: RetrievalTrainConfig):

@@ -1,0 +1,312 @@
+"""The run that SPLADE (`train.sparse`) and ColBERT (`train.colbert`) training share, resumable
+exactly; each trainer plugs its parts into it (`Parts`), as `loop.py`'s trainers do theirs.
+
+    read the pairs → BM25 look-alikes of each query among the training passages (`mine_bm25`)
+    → epochs of AdamW steps over batches of B pairs: the trainer's loss of the batch's queries
+      against its positives and each row's hard negatives (`draw_negatives`)
+    → the trainer saves the model, scores it on `eval`; steps.jsonl, eval.json, the health checks
+
+Exact resume: each epoch's order and negative draws come from `random.Random(f"{seed}:{epoch}")`,
+and a training state (weights, optimizer, schedule, every rank's generators, the steps so far) is
+written every `save_every` steps (`train.state`), so `resume=True` continues with the batches,
+negatives and dropout draws the whole run would have made. A resumed run may change only
+`RESUMABLE_CHANGES`.
+
+Under torchrun (`train.parallel`, for a trainer whose loss gathers across ranks) each rank runs its
+slice of every batch and rank 0 writes OUT_DIR and scores it; a trainer with `torchrun=False` runs
+as one process wherever it is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertkit.constants import FINETUNE_CONFIG
+from bertkit.train import health, parallel
+from bertkit.train import state as train_state
+from bertkit.train.card import drop_stale, finetune_card
+from bertkit.train.optim import default_lr
+from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
+from bertkit.util import distributed
+from bertkit.util.distributed import DistInfo
+from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
+
+log = logging.getLogger(__name__)
+
+OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json",
+           train_state.CHECKPOINTS)
+# Settings a resumed run may change: they do not alter the sequence of updates.
+RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "eval"}
+MINERS = ("bm25", "none")  # where a row without its own negatives gets one
+
+
+@dataclass
+class ResumableTrainConfig:
+    """The settings `run` reads, which SPLADE's and ColBERT's settings extend with their own
+    (their fields follow these in OUT_DIR/finetune_config.json)."""
+
+    model: str  # the directory to train from (which ones suit: the trainer's `Parts.load`)
+    train: str  # JSONL {query, positive, negatives?} / TSV, or builtin:NAME[:SPLIT]
+    out_dir: str
+    task: str = ""  # the trainer's name; each trainer's settings set their own
+    eval: str | None = None  # MRR@10 / nDCG@10 at the end (default: a builtin's dev split)
+    epochs: int = 1
+    batch_size: int = 16  # in-batch negatives grow with it (SPLADE v2: 128 on GPUs)
+    # None: by the model's width (`optim.default_lr`): 3e-5 for base, near SPLADE v2's 2e-5;
+    # 1e-3 for the demo's tiny model, whose 94 steps at 2e-5 left SPLADE's loss where it started (75 → 76).
+    lr: float | None = None
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    max_train_examples: int | None = None
+    seed: int = 42
+    hard_negatives: int = 1  # negatives per row among the batch's candidates: its own, then mined
+    mine: str = "bm25"  # bm25 | none: where a row without its own negatives gets one
+    mine_depth: int = 30  # mined negatives are drawn from this many top BM25 passages
+    device: str = "cpu"
+    progress: bool = True
+    overwrite: bool = False
+    resume: bool = False
+    save_every: int = 200  # a training state every this many steps
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one update's loss reads."""
+
+    rows: list[Pair]  # this rank's rows of the global batch (all of them in one process)
+    negatives: list[list[str]]  # each row's hard negatives this epoch
+    group: DistInfo | None  # the ranks to gather a whole-batch loss from; None: this rank holds it all
+    number: int  # updates done before this one
+    total: int  # updates in the whole run
+
+
+def _always(config: Any) -> bool:
+    return True
+
+
+def _nothing(config: Any) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a trainer brings to `run`; `config` is its settings (a ResumableTrainConfig)."""
+
+    task: str  # "sparse"
+    # (model directory, config) → what the loss reads beside the model (a tokenizer, a teacher, None),
+    # once the directory is checked to suit the task
+    load: Callable[[Path, Any], Any]
+    build: Callable[[Path, Any], nn.Module]  # (a model or training-state directory, config) → the model
+    # (engine, what `load` gave, step, config, device) → the global batch's loss, () float, and the
+    # step record's fields beside "loss"; `engine(f)` runs f(model), under DDP on several ranks
+    loss: Callable[[Callable, Any, Step, Any, torch.device], tuple[torch.Tensor, dict[str, Any]]]
+    save: Callable[[nn.Module, Any, Path, Any], None]  # (model, what `load` gave, OUT_DIR, config)
+    evaluate: Callable[[Path, str], dict[str, Any]]  # (OUT_DIR, eval spec) → scores
+    chance_loss: Callable[[Any], float | None]  # the loss of a uniform guess (`train.health`)
+    in_batch: Callable[[Any], bool] = _always  # the other rows of a batch are the negatives
+    describe: Callable[[Any], dict[str, Any]] = _nothing  # eval.json's fields after "steps"
+    torchrun: bool = True  # the loss gathers the ranks' rows (`Step.group`); False: one process
+    card: bool = True  # writes a model card (README.md, `train.card`)
+
+
+# ---------------------------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------------------------
+def check_settings(config: ResumableTrainConfig, task: str, *, paths: Sequence[str], positive: Sequence[str],
+                   in_batch: bool, sizes: Sequence[str] = (), more: Sequence[str] = ()) -> None:
+    """`paths` made strings, then every problem of the settings in one ValueError: the positive
+    integers, the trainer's `sizes` problems, batch_size ≥ 2 when the batch's rows are the
+    negatives (`in_batch`), hard_negatives, the trainer's `more` problems, mine, lr, resume
+    with overwrite."""
+    for name in paths:
+        if getattr(config, name) is not None:
+            setattr(config, name, str(getattr(config, name)))
+    problems = []
+    for name in positive:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    problems += sizes
+    if config.batch_size < 2 and in_batch:
+        problems.append(f"{task} needs batch_size ≥ 2: the other rows of a batch are the negatives")
+    if not isinstance(config.hard_negatives, int) or config.hard_negatives < 0:
+        problems.append(f"hard_negatives must be an integer ≥ 0, got {config.hard_negatives!r}")
+    problems += more
+    if config.mine not in MINERS:
+        problems.append(f"{task} mines with bm25 or none, got {config.mine!r}")
+    if config.lr is not None and not config.lr > 0:
+        problems.append(f"lr must be > 0, got {config.lr!r}")
+    if config.resume and config.overwrite:
+        problems.append("resume and overwrite exclude each other; pass one")
+    if problems:
+        raise ValueError(f"invalid {task} training settings: " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# negatives
+# ---------------------------------------------------------------------------------------------
+def mine_bm25(pairs: Sequence[Pair], config: ResumableTrainConfig) -> list[list[str]]:
+    """Each pair's BM25 look-alikes among the training passages (not its positive nor its own
+    negatives), the top `mine_depth`; [] each with mine="none" or hard_negatives 0."""
+    if config.mine == "none" or config.hard_negatives == 0:
+        return [[] for _ in pairs]
+    from bertkit.retrieval.bm25 import BM25
+
+    pool = sorted({p.positive for p in pairs} | {n for p in pairs for n in p.negatives})
+    if len(pool) < 2:
+        return [[] for _ in pairs]
+    bm25 = BM25.fit(pool)
+    depth = min(config.mine_depth, len(pool))
+    return [[pool[i] for i in bm25.top_k(p.query, depth) if pool[i] != p.positive and pool[i] not in p.negatives]
+            for p in pairs]
+
+
+def draw_negatives(pair: Pair, mined: list[str], k: int, rng: random.Random) -> list[str]:
+    """Up to k hard negatives: the row's own first (drawn when it has more), then drawn from the
+    mined ones (the very top BM25 hits are most often unlabelled positives, so drawn, not taken)."""
+    own = list(pair.negatives) if len(pair.negatives) <= k else rng.sample(pair.negatives, k)
+    return own + rng.sample(mined, min(k - len(own), len(mined)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------
+def run(config: ResumableTrainConfig, parts: Parts) -> dict[str, Any]:
+    """Train as `config` says with the trainer's `parts`; returns eval.json's content."""
+    from bertkit.encoder.config import BertConfig
+
+    started = time.time()
+    out = train_state.check_run_outputs(config.out_dir, OUTPUTS, overwrite=config.overwrite, resume=config.resume)
+    directory = model_directory(config.model, "--model")
+    aid = parts.load(directory, config)
+    pairs, report = read_pairs(config.train)
+    if config.max_train_examples:
+        pairs = pairs[:config.max_train_examples]
+    if len(pairs) < 2 and parts.in_batch(config):
+        raise ValueError(f"{config.train}: {len(pairs)} training pair; in-batch negatives need at least 2")
+    if config.eval is None and config.train.startswith(BUILTIN_PREFIX):
+        config.eval = BUILTIN_PREFIX + config.train[len(BUILTIN_PREFIX):].split(":")[0] + ":dev"
+    info = (distributed.init_distributed(config.device) if parts.torchrun
+            else DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(config.device), backend=None))
+    parallel.check_batch_size(config.batch_size, info)
+    config.lr = config.lr or default_lr(BertConfig.from_json(directory).hidden_size)
+    resume_from = None
+    if config.resume:
+        resume_from = train_state.resume_checkpoint(out, dataclasses.asdict(config), out / FINETUNE_CONFIG,
+                                                    RESUMABLE_CHANGES)
+    distributed.barrier(info)  # every rank has read OUT before rank 0 changes it
+    if config.overwrite and info.is_main:
+        for name in OUTPUTS:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    torch.manual_seed(config.seed)
+    model = parts.build(directory, config).to(info.device)
+    steps, step = _train(model, aid, pairs, config, parts, info, out, resume_from)
+    model.eval()
+    if not info.is_main:  # rank 0 writes the model and scores it
+        return {"status": "done", "task": parts.task, "model": config.model, "steps": step}
+    parts.save(model, aid, out, config)
+    atomic_write_text(out / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in steps))
+    shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
+    losses = [s["loss"] for s in steps]
+    summary: dict[str, Any] = {
+        "status": "done", "task": parts.task, "model": config.model, "steps": step, **parts.describe(config),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None,
+        "train": report.to_dict(), "train_examples": len(pairs)}
+    if info.enabled:
+        summary["processes"] = info.world_size
+    if config.eval:
+        summary["eval"] = parts.evaluate(out, config.eval)
+    summary["warnings"] = health.collect(
+        health.step_warning(step, examples=len(pairs), batch_size=config.batch_size, epochs=config.epochs),
+        health.loss_warning(summary["last_loss"], parts.chance_loss(config)))
+    return finish(out, summary, started, card=parts.card)
+
+
+def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: ResumableTrainConfig, parts: Parts, info: DistInfo,
+           out: Path, resume_from: Path | None) -> tuple[list[dict[str, Any]], int]:
+    """The epochs (from `resume_from`'s step when given): the step records and the steps done."""
+    from tqdm.auto import tqdm
+
+    from bertkit.train import optim
+
+    mined = mine_bm25(pairs, config)
+    steps_per_epoch = math.ceil(len(pairs) / config.batch_size)
+    total = steps_per_epoch * config.epochs
+    optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
+    schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    steps: list[dict[str, Any]] = []
+    step = 0
+    if resume_from is not None:
+        saved = train_state.load_trainer_state(resume_from)
+        model.load_state_dict(parts.build(resume_from, config).state_dict())
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["scheduler"])
+        parallel.restore_rank_rng(saved, info)
+        step, steps = int(saved["step"]), list(saved["steps"])
+        log.info("resuming from %s (step %d of %d)", resume_from, step, total)
+    else:
+        parallel.seed_dropout(config.seed, info)
+        if info.is_main:
+            if parts.card:
+                drop_stale(out)  # an earlier run's card would describe that run until this one ends
+            atomic_write_json(out / FINETUNE_CONFIG, dataclasses.asdict(config))
+    engine = parallel.data_parallel(model, info)
+    model.train()
+    for epoch in range(1, config.epochs + 1):
+        rng = random.Random(f"{config.seed}:{epoch}")  # the epoch's order and draws, the same on resume
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        negatives = [draw_negatives(p, m, config.hard_negatives, rng) for p, m in zip(pairs, mined)]
+        batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
+        done = max(0, step - (epoch - 1) * steps_per_epoch)
+        for batch in tqdm(batches[done:], desc=f"epoch {epoch}/{config.epochs}",
+                          disable=not (config.progress and info.is_main)):
+            part = parallel.shard(batch, info)
+            # A gathered loss is the global batch's, the same on every rank.
+            loss, fields = parts.loss(engine, aid, Step([pairs[i] for i in part.rows],
+                                                        [negatives[i] for i in part.rows], part.group, step, total),
+                                      config, info.device)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1}; lower --lr")
+            optimizer_step(parallel.for_backward(parallel.share(loss, part), info), model, optimizer, schedule,
+                           config.max_grad_norm, step)
+            step += 1
+            steps.append({"step": step, "epoch": epoch, "loss": loss.item(), **fields,
+                          "lr": schedule.get_last_lr()[0]})
+            if step % config.save_every == 0 and step < total:
+                rngs = parallel.rank_rng_states(info)  # every rank calls: dropout streams are per rank
+                if info.is_main:
+                    train_state.save_checkpoint(out, step, model, None, {
+                        "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
+                        "rng": rngs[0], "rank_rngs": rngs, "step": step, "steps": steps}, keep=1, publish=False)
+    return steps, step
+
+
+def finish(out: Path, summary: dict[str, Any], started: float, *, card: bool = True) -> dict[str, Any]:
+    """The end of a retrieval run (this module's and `loop.py`'s): its warnings logged, its time,
+    eval.json and (with `card`) the model card written; returns `summary`."""
+    for warning in summary["warnings"]:
+        log.warning("warning: %s", warning)
+    summary["seconds"] = round(time.time() - started, 2)
+    atomic_write_json(out / "eval.json", summary)
+    if card:
+        finetune_card(out)
+    return summary
