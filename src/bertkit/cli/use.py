@@ -6,10 +6,19 @@ Each takes texts on the command line (results printed) or --input FILE --out FIL
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_file_job, print_json
-from bertkit.constants import POOLINGS
+from bertkit.cli.common import (
+    BATCH_TOKENS_HELP,
+    add_adapter_arguments,
+    add_engine_arguments,
+    add_pooling_argument,
+    add_run_arguments,
+    engine_options,
+    print_file_job,
+    print_json,
+)
 
 # What --input-format names (records.FORMATS but squad, which only predict reads); kept here so
 # that building the parser imports nothing heavy.
@@ -31,12 +40,8 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
     p.add_argument("model", help=model_help + (", a LoRA adapter dir (its base from adapter_config.json), "
                                                "or the base model of --adapter" if adapter else ""))
     if adapter:
-        p.add_argument("--adapter", metavar="DIR", default=None,
-                       help="a LoRA adapter dir (PEFT's files: `finetune --lora ... --lora-save adapters`, "
-                       "or peft's) run over MODEL, its base, with the adapter's own head and labels")
-        p.add_argument("--base", metavar="DIR", default=None,
-                       help="the base model of an adapter given as MODEL, when its adapter_config.json's "
-                       "base_model_name_or_path is not a directory here")
+        add_adapter_arguments(p, "a LoRA adapter dir (PEFT's files: `finetune --lora ... --lora-save adapters`, "
+                              "or peft's) run over MODEL, its base, with the adapter's own head and labels")
     if texts:
         p.add_argument("texts", nargs="*", help="texts (or give --input)")
     p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
@@ -57,9 +62,8 @@ def _engine(args: argparse.Namespace, use: str):
     adapter dir, or --adapter DIR over MODEL), whose own use must fit `use`."""
     from bertkit.adapters import is_adapter_dir, open_engine, resolve
 
-    options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
-                   truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}),
-                   **({"calibration": args.calibration} if getattr(args, "calibration", None) else {}))
+    options = {**engine_options(args),
+               **({"calibration": args.calibration} if getattr(args, "calibration", None) else {})}
     adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
     if use == "fill-mask" and is_adapter_dir(args.model):
         raise ValueError(f"{args.model} is a LoRA adapter directory; adapters classify, tag, answer, rerank or "
@@ -143,8 +147,7 @@ def _use_engine(args: argparse.Namespace, use: str, **file_options):
 def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = _add_use(sub, "embed", "sentence embeddings (and their cosine similarities)",
                  "model dir (any BERT checkpoint with tokenizer files)")
-    p.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help="default: the model's sentence-transformers pooling, else mean")
+    add_pooling_argument(p)
     p.add_argument("--no-normalize", action="store_false", dest="normalize", default=None,
                    help="keep the raw pooled vectors (default: the model's setting, else unit length)")
     p.add_argument("--prompt-name", default=None,
@@ -228,12 +231,12 @@ def _embed_on_ray(args: argparse.Namespace, options: dict) -> None:
         raise ValueError("--ray embeds a file: give --input FILE --out DIR, not texts on the command line")
     if args.passage_tokens or args.passage_overlap:
         raise ValueError("--ray writes one embedding per input row; leave out --passage-tokens / --passage-overlap")
-    engine_options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
-                          truncate=args.truncate, max_length=args.max_length)
+    engine_settings = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
+                           truncate=args.truncate, max_length=args.max_length)
     summary = embed_on_ray(model_directory(args.model), args.input, args.out, address=args.ray or None,
                            actors=args.ray_actors, actor_cpus=args.ray_actor_cpus, chunk_size=args.ray_chunk_size,
                            overwrite=args.overwrite, fmt=args.input_format, text_field=args.text_field,
-                           engine_options=engine_options, **options)
+                           engine_options=engine_settings, **options)
     state = ("already complete" if summary["already_complete"] else
              f"{summary['written']} written now, {summary['done_before']} done before")
     print(f"{summary['rows']:,} rows ({summary['skipped']:,} skipped) in {summary['shards']} Parquet shards of "
@@ -262,9 +265,7 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
         output_kind("embed-sparse", args.out)
     settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
     options = dict(top_k=args.top_k, prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
-    engine = sparse_engine(args.model, precision=args.precision, max_batch_tokens=args.max_batch_tokens,
-                           device=args.device, truncate=args.truncate,
-                           **({"max_length": args.max_length} if args.max_length else {}))
+    engine = sparse_engine(args.model, **engine_options(args))
     if args.input:
         return _file_job(args, "embed-sparse", engine, **options)
     rows = embed_sparse(engine, args.texts, **options)
@@ -363,11 +364,8 @@ def _run_fill_mask(args: argparse.Namespace) -> None:
 
         return print_json({"text": text, "masks": [[asdict(c) for c in cands] for cands in masks]}
                           for text, masks in zip(args.texts, results))
-    for text, masks in zip(args.texts, results):
-        print(text)
-        for i, cands in enumerate(masks):
-            shown = "  ".join(f"{c.token} {c.score:.3f}" for c in cands)
-            print(f"  [MASK] {i + 1}: {shown}")
+    _print_under(args.texts, ([f"[MASK] {i + 1}: " + "  ".join(f"{c.token} {c.score:.3f}" for c in cands)
+                               for i, cands in enumerate(masks)] for masks in results))
 
 
 def _add_classify(sub: argparse._SubParsersAction) -> None:
@@ -411,12 +409,8 @@ def _run_ner(args: argparse.Namespace) -> None:
     results = ner(engine, args.texts)
     if args.json:
         return print_json({"text": t, "entities": e} for t, e in zip(args.texts, results))
-    for text, entities in zip(args.texts, results):
-        print(text)
-        for e in entities:
-            print(f"  {e['type']:>6} {e['start']:>4}-{e['end']:<4} {e['score']:.3f}  {e['text']}")
-        if not entities:
-            print("  (no entities)")
+    _print_under(args.texts, ([f"{e['type']:>6} {e['start']:>4}-{e['end']:<4} {e['score']:.3f}  {e['text']}"
+                               for e in entities] for entities in results), none="(no entities)")
 
 
 def _add_qa(sub: argparse._SubParsersAction) -> None:
@@ -447,10 +441,18 @@ def _run_qa(args: argparse.Namespace) -> None:
     results = qa(engine, args.question, context, **options)
     if args.json:
         return print_json({"question": q, "answers": a} for q, a in zip(args.question, results))
-    for question, answers in zip(args.question, results):
-        print(question)
-        for a in answers:
-            print(f"  {a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]")
+    _print_under(args.question, ([f"{a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]" for a in answers]
+                                 for answers in results))
+
+
+def _print_under(texts: list[str], lines: Iterable[list[str]], none: str | None = None) -> None:
+    """Each text, then its results' lines indented under it (`none` when it has none)."""
+    for text, found in zip(texts, lines):
+        print(text)
+        for line in found:
+            print("  " + line)
+        if none is not None and not found:
+            print("  " + none)
 
 
 def _context_text(value: str) -> str:
@@ -487,11 +489,7 @@ def _run_rerank(args: argparse.Namespace) -> None:
     engine = _use_engine(args, "rerank", query=args.query, raw_scores=args.raw_scores)
     if engine is None:
         return
-    ranked = rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores)
-    if args.json:
-        return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
-    for r in ranked:
-        print(f"{r['score']:8.4f}  [{r['index']}] {args.texts[r['index']]}")
+    _print_ranked(args, rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores))
 
 
 def _run_late_interaction(args: argparse.Namespace) -> None:
@@ -504,7 +502,12 @@ def _run_late_interaction(args: argparse.Namespace) -> None:
     _inputs(args)
     colbert = Colbert.load(args.model, precision=args.precision, max_batch_tokens=args.max_batch_tokens,
                            device=args.device)
-    ranked = colbert.rerank(args.query, args.texts, top_k=args.top_k)
+    _print_ranked(args, colbert.rerank(args.query, args.texts, top_k=args.top_k))
+
+
+def _print_ranked(args: argparse.Namespace, ranked: list[dict]) -> None:
+    """rerank's answer, best first: one JSON object per document with --json, else a line each
+    of score, [input index] and text."""
     if args.json:
         return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
     for r in ranked:
