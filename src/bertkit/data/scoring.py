@@ -126,15 +126,9 @@ class PRF:
 
 
 @dataclass
-class EntityScores:
-    """Micro-averaged exact-span scores, and the same per entity type."""
+class EntityScores(PRF):
+    """Micro-averaged exact-span scores (PRF's fields, in its order), and the same per entity type."""
 
-    precision: float
-    recall: float
-    f1: float
-    n_pred: int
-    n_gold: int
-    n_correct: int
     per_type: dict[str, PRF] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
