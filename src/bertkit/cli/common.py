@@ -1,4 +1,5 @@
-"""What several rooms of the CLI share: the engine flags, JSON lines out, the web stack check."""
+"""What several rooms of the CLI share: the option groups (the engine's, adapters, the training loop,
+a run's), the engine options they make, JSON lines out, the web stack check."""
 
 from __future__ import annotations
 
@@ -85,10 +86,11 @@ def add_training_engine_arguments(p: argparse.ArgumentParser | argparse._Argumen
 
 
 # The optimisation settings the trainers' config classes share (PretrainConfig, FinetuneConfig,
-# DistillConfig): what each flag parses. The help stays with each command, whose defaults differ.
+# DistillConfig): what each flag parses (--epochs: see add_loop_arguments). The help stays with each
+# command, whose defaults differ.
 LOOP_FLAGS: dict[str, dict[str, Any]] = {
-    "epochs": {"type": int}, "max_steps": {"type": int}, "batch_size": {"type": int},
-    "grad_accum": {"type": int}, "lr": {"type": float}, "weight_decay": {"type": float},
+    "max_steps": {"type": int}, "batch_size": {"type": int}, "grad_accum": {"type": int},
+    "lr": {"type": float}, "weight_decay": {"type": float},
     "schedule": {"choices": ["linear", "cosine", "constant"]}, "warmup_ratio": {"type": float},
     "warmup_steps": {"type": int}, "max_grad_norm": {"type": float},
 }
@@ -96,12 +98,12 @@ LOOP_FLAGS: dict[str, dict[str, Any]] = {
 
 def add_loop_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, epochs_type: type = int,
                        **helps: str) -> None:
-    """A training command's optimisation flags, in the order given: each keyword names a setting of
-    LOOP_FLAGS (lr → --lr) and gives its help. epochs_type: float where a fraction of a pass is a
-    run of its own (pre-training)."""
-    for name, help in helps.items():
+    """A training command's optimisation flags, in the order given: each keyword names epochs or a
+    setting of LOOP_FLAGS (lr → --lr) and gives its help. epochs_type: float where a fraction of a
+    pass is a run of its own (pre-training), else whole passes."""
+    for name, text in helps.items():
         parse = {"type": epochs_type} if name == "epochs" else LOOP_FLAGS[name]
-        p.add_argument("--" + name.replace("_", "-"), help=help, **parse)
+        p.add_argument("--" + name.replace("_", "-"), help=text, **parse)
 
 
 def add_run_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, resume: str,
