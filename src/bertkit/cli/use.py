@@ -99,8 +99,20 @@ def _settings_dir(args: argparse.Namespace):
     return resolve(args.model, args.adapter, args.base)[0]
 
 
-def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
-    """Texts or --input/--out, not both; outputs checked before any model is loaded."""
+def _prompt(args: argparse.Namespace, settings_dir) -> str | None:
+    """The text put before every text: --prompt, or --prompt-name (else the default) among the
+    prompts of the sentence-transformers files in `settings_dir` (none when it is not a directory)."""
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
+    from bertkit.inference.embed import resolve_prompt
+
+    has_files = settings_dir is not None and Path(settings_dir).is_dir()
+    settings = sentence_transformers_settings(settings_dir) if has_files else {}
+    return resolve_prompt(settings, args.prompt_name, args.prompt)
+
+
+def _inputs(args: argparse.Namespace, *, need_texts: bool = True, kind: str | None = None) -> None:
+    """Texts or --input/--out, not both; outputs checked before any model is loaded (for the
+    command, and for `kind` too: embed --sparse and --output write rows of their own)."""
     from bertkit.util.fileio import check_writable_output
 
     texts = getattr(args, "texts", None)
@@ -117,6 +129,8 @@ def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
         from bertkit.inference.jobs import output_kind
 
         output_kind(args.command, args.out)  # the commands are named as the uses
+        if kind is not None:
+            output_kind(kind, args.out)
     elif need_texts and not texts:
         raise ValueError(f"bertkit {args.command} needs texts or --input FILE --out FILE")
     elif args.out:
@@ -192,14 +206,11 @@ def _run_embed(args: argparse.Namespace) -> None:
         return _run_embed_sparse(args)
     if args.top_k is not None:
         raise ValueError("--top-k goes with --sparse (dense embeddings keep every dimension; see --truncate-dim)")
-    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
     from bertkit.inference import embed
-    from bertkit.inference.embed import resolve_pooling, resolve_prompt
+    from bertkit.inference.embed import resolve_pooling
 
-    settings_dir = _settings_dir(args)
-    settings = sentence_transformers_settings(settings_dir) if settings_dir is not None else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
-                   prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+                   prompt=_prompt(args, _settings_dir(args)))
     if args.ray is not None:
         return _embed_on_ray(args, options)
     if args.passage_tokens or args.passage_overlap:
@@ -246,8 +257,6 @@ def _embed_on_ray(args: argparse.Namespace, options: dict) -> None:
 
 def _run_embed_sparse(args: argparse.Namespace) -> None:
     """`embed --sparse`: each text's top terms, or a file job of {"indices", "values"} rows."""
-    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
-    from bertkit.inference.embed import resolve_prompt
     from bertkit.inference.sparse import decode, embed_sparse, sparse_engine
 
     dense_only = [flag for flag, given in (("--pooling", args.pooling), ("--no-normalize", args.normalize is False),
@@ -258,13 +267,8 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
         raise ValueError(f"{dense_only[0]} is for dense embeddings; --sparse weighs vocabulary terms "
                          "(--top-k keeps the largest)")
     _whole_model(args, "--sparse")
-    _inputs(args)
-    if args.input:
-        from bertkit.inference.jobs import output_kind
-
-        output_kind("embed-sparse", args.out)
-    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
-    options = dict(top_k=args.top_k, prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+    _inputs(args, kind="embed-sparse")
+    options = dict(top_k=args.top_k, prompt=_prompt(args, args.model))
     engine = sparse_engine(args.model, **engine_options(args))
     if args.input:
         return _file_job(args, "embed-sparse", engine, **options)
@@ -280,8 +284,6 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
 
 def _run_embed_m3(args: argparse.Namespace) -> None:
     """`embed --output dense,sparse,colbert`: BGE-M3's outputs per text, or a file job of them."""
-    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
-    from bertkit.inference.embed import resolve_prompt
     from bertkit.inference.m3 import check_outputs, encode_m3
     from bertkit.inference.sparse import decode
 
@@ -294,15 +296,10 @@ def _run_embed_m3(args: argparse.Namespace) -> None:
         raise ValueError(f"{others[0]} does not go with --output (BGE-M3's dense vector is its unit [CLS] "
                          "state, its lexical weights every one above 0); leave it out")
     outputs = [name.strip() for name in args.output.split(",") if name.strip()]
-    _inputs(args)
-    if args.input:
-        from bertkit.inference.jobs import output_kind
-
-        output_kind("embed-m3", args.out)
+    _inputs(args, kind="embed-m3")
     engine = _engine(args, "embed")
     outputs = list(check_outputs(engine, outputs))
-    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
-    prompt = resolve_prompt(settings, args.prompt_name, args.prompt)
+    prompt = _prompt(args, args.model)
     if args.input:
         return _file_job(args, "embed-m3", engine, outputs=outputs, prompt=prompt)
     got = encode_m3(engine, args.texts, outputs, prompt=prompt)
