@@ -4,13 +4,15 @@ One module per room (`use`: embed, fill-mask, classify, ner, qa, rerank; `retrie
 `pretrain`: tokenizer train, prepare, mask-demo, pretrain, plot, quickstart; `finetune`: finetune,
 predict, datasets; `calibrate`; `eval`; `distill`; `serve`; `explore`; `export`; `info`), each with
 an `add(sub)` that registers its commands; a command has a `_add_<name>(sub)` that declares its
-arguments and a `_run_<name>(args)` that calls the library. One error boundary in `main` serves
-every command: library errors (ValueError, including UnicodeDecodeError and CheckpointError, and
-every OSError: missing, existing, unreadable or unwritable paths) are printed as exactly one line,
-`bertkit CMD: error: ...`, with exit status 2 and no traceback. Messages are made at their source,
-in the library, so Python callers get them too; the boundary only turns a bare OSError into a line
-naming the path. Every command also takes `--threads N` (torch's intra-op threads), and `bertkit
---version` prints the version.
+arguments and a `_run_<name>(args)` that calls the library; the option groups several commands share
+(the engine's flags and the options they make, --adapter / --base, --pooling, the training loop's
+settings, a run's --resume / --overwrite / --no-progress) are declared once, in `common`. One error
+boundary in `main` serves every command: library errors (ValueError, including UnicodeDecodeError
+and CheckpointError, and every OSError: missing, existing, unreadable or unwritable paths) are
+printed as exactly one line, `bertkit CMD: error: ...`, with exit status 2 and no traceback.
+Messages are made at their source, in the library, so Python callers get them too; the boundary only
+turns a bare OSError into a line naming the path. Every command also takes `--threads N` (torch's
+intra-op threads), and `bertkit --version` prints the version.
 """
 
 from __future__ import annotations

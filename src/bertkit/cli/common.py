@@ -1,4 +1,5 @@
-"""What several rooms of the CLI share: the engine flags, JSON lines out, the web stack check."""
+"""What several rooms of the CLI share: the option groups (the engine's, adapters, the training loop,
+a run's), the engine options they make, JSON lines out, the web stack check."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from bertkit.constants import ENGINE_PRECISIONS, TRAINING_PRECISIONS
+from bertkit.constants import ENGINE_PRECISIONS, POOLINGS, TRAINING_PRECISIONS
 
 # int8 is dynamic quantisation for inference; training needs gradients, so its commands stop at bf16.
 DEVICES = ["auto", "cpu", "cuda"]
@@ -39,6 +40,40 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, explain_precision: bool 
     p.add_argument("--device", choices=DEVICES, default=device)
 
 
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine.load's keyword arguments from the flags `add_engine_arguments` declared: --precision,
+    --device, and --max-batch-tokens and --no-truncate where the command has them; --max-length
+    only when given, so that the model's own limit applies otherwise."""
+    options = {"precision": args.precision, "device": args.device}
+    for name in ("max_batch_tokens", "truncate"):
+        if name in vars(args):
+            options[name] = getattr(args, name)
+    if getattr(args, "max_length", None):
+        options["max_length"] = args.max_length
+    return options
+
+
+def add_adapter_arguments(p: argparse.ArgumentParser, adapter_help: str, *, model: str = "MODEL") -> None:
+    """--adapter DIR (a LoRA adapter run over `model`, its base; `adapter_help` says what it
+    brings) and --base, for the commands that run a model directory or an adapter over it."""
+    p.add_argument("--adapter", metavar="DIR", help=adapter_help)
+    add_base_argument(p, model=model)
+
+
+def add_base_argument(p: argparse.ArgumentParser, *, model: str = "MODEL") -> None:
+    """--base DIR: the base of an adapter dir given as `model` (the flag or positional that
+    names it), when the base its adapter_config.json names is not a directory here."""
+    p.add_argument("--base", metavar="DIR",
+                   help=f"the base model of an adapter given as {model}, when its adapter_config.json's "
+                   "base_model_name_or_path is not a directory here")
+
+
+def add_pooling_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--pooling of the commands that embed with a model's own pooling unless told otherwise."""
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="default: the model's sentence-transformers pooling, else mean")
+
+
 def add_training_engine_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *,
                                   explain_precision: bool = False) -> None:
     """--device and --precision of the training commands. No defaults here: those parsers suppress
@@ -48,6 +83,27 @@ def add_training_engine_arguments(p: argparse.ArgumentParser | argparse._Argumen
     p.add_argument("--precision", choices=TRAINING_PRECISIONS,
                    help="auto = bf16 on CUDA; on CPU the faster of fp32 / bf16, measured here"
                    if explain_precision else None)
+
+
+# The optimisation settings the trainers' config classes share (PretrainConfig, FinetuneConfig,
+# DistillConfig): what each flag parses (--epochs: see add_loop_arguments). The help stays with each
+# command, whose defaults differ.
+LOOP_FLAGS: dict[str, dict[str, Any]] = {
+    "max_steps": {"type": int}, "batch_size": {"type": int}, "grad_accum": {"type": int},
+    "lr": {"type": float}, "weight_decay": {"type": float},
+    "schedule": {"choices": ["linear", "cosine", "constant"]}, "warmup_ratio": {"type": float},
+    "warmup_steps": {"type": int}, "max_grad_norm": {"type": float},
+}
+
+
+def add_loop_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, epochs_type: type = int,
+                       **helps: str) -> None:
+    """A training command's optimisation flags, in the order given: each keyword names epochs or a
+    setting of LOOP_FLAGS (lr → --lr) and gives its help. epochs_type: float where a fraction of a
+    pass is a run of its own (pre-training), else whole passes."""
+    for name, text in helps.items():
+        parse = {"type": epochs_type} if name == "epochs" else LOOP_FLAGS[name]
+        p.add_argument("--" + name.replace("_", "-"), help=text, **parse)
 
 
 def add_run_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, resume: str,

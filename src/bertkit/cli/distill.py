@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bertkit.cli.common import add_run_arguments, add_training_engine_arguments, config_settings
+from bertkit.cli.common import add_loop_arguments, add_run_arguments, add_training_engine_arguments, config_settings
 from bertkit.constants import DISTILL_TASKS
 
 
@@ -35,11 +35,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha-hard", type=float, help="weight of MLM / label cross-entropy (2 general, 0 task)")
     p.add_argument("--alpha-cos", type=float,
                    help="weight of the hidden-state cosine loss (1 general, 0 task)")
-    p.add_argument("--epochs", type=int, help="passes over the data (3)")
-    p.add_argument("--max-steps", type=int, help="stop after N steps")
-    p.add_argument("--batch-size", type=int, help="examples per step (32)")
-    p.add_argument("--lr", type=float, help="peak learning rate (5e-4)")
-    p.add_argument("--warmup-ratio", type=float, help="share of steps warming up (0.05)")
+    add_loop_arguments(p, epochs="passes over the data (3)", max_steps="stop after N steps",
+                       batch_size="examples per step (32)", lr="peak learning rate (5e-4)",
+                       warmup_ratio="share of steps warming up (0.05)")
     p.add_argument("--max-length", type=int, help="task: pieces per example (128)")
     p.add_argument("--max-train-examples", type=int, help="task: train on the first N examples only")
     p.add_argument("--seed", type=int)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments
+from bertkit.cli.common import BATCH_TOKENS_HELP, add_adapter_arguments, add_engine_arguments
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -18,10 +18,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                        "logistic regression on the embeddings), or a built-in set.")
     p.add_argument("model", help="model dir: an embedding model, or a cross-encoder to rerank; or a LoRA "
                    "adapter dir of either (its base from adapter_config.json), or the base of --adapter")
-    p.add_argument("--adapter", metavar="DIR", default=None, help="a LoRA adapter dir run over MODEL, its base")
-    p.add_argument("--base", metavar="DIR", default=None,
-                   help="the base model of an adapter given as MODEL, when its adapter_config.json's "
-                   "base_model_name_or_path is not a directory here")
+    add_adapter_arguments(p, "a LoRA adapter dir run over MODEL, its base")
     g = p.add_argument_group("the evaluation set (one)").add_mutually_exclusive_group(required=True)
     g.add_argument("--beir", metavar="DIR", help="BEIR directory: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
     g.add_argument("--sts", metavar="FILE", help="CSV / TSV / JSONL of sentence1, sentence2, score")

@@ -8,7 +8,15 @@ import json
 import os
 from pathlib import Path
 
-from bertkit.cli.common import add_engine_arguments, add_training_engine_arguments, print_file_job
+from bertkit.cli.common import (
+    add_adapter_arguments,
+    add_engine_arguments,
+    add_loop_arguments,
+    add_run_arguments,
+    add_training_engine_arguments,
+    config_settings,
+    print_file_job,
+)
 from bertkit.constants import FINETUNE_TASKS, LABELLED_TASKS, TRAINED_POOLINGS
 
 
@@ -53,13 +61,12 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--doc-stride", type=int, help="pieces between window starts (half a window; qa 128)")
 
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, help="passes over the training data (3)")
-    g.add_argument("--batch-size", type=int, help="examples per step, all torchrun processes together (32)")
-    g.add_argument("--lr", type=float, help="peak learning rate (default by model width: 1e-3 below "
-                   "hidden size 512, 1e-4 below 768, 3e-5 for base and wider)")
-    g.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
-    g.add_argument("--warmup-ratio", type=float, help="share of steps warming up (0.1)")
-    g.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
+    add_loop_arguments(g, epochs="passes over the training data (3)",
+                       batch_size="examples per step, all torchrun processes together (32)",
+                       lr="peak learning rate (default by model width: 1e-3 below hidden size 512, 1e-4 "
+                       "below 768, 3e-5 for base and wider)",
+                       weight_decay="AdamW weight decay (0.01)", warmup_ratio="share of steps warming up (0.1)",
+                       max_grad_norm="gradient clipping norm (1.0)")
     g.add_argument("--freeze-encoder", action="store_true", help="train the task head only")
     g.add_argument("--patience", type=int, help="stop after N epochs without a better eval score")
     g.add_argument("--seed", type=int)
@@ -67,12 +74,10 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("execution")
     add_training_engine_arguments(g, explain_precision=True)
     g.add_argument("--eval-batch-size", type=int, help="windows per evaluation batch (64)")
-    g.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
     g.add_argument("--save-every", type=int,
                    help="steps between training states in OUT/checkpoints (200; also after each epoch)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue OUT from its training state (same per-step losses as one run)")
-    g.add_argument("--overwrite", action="store_true", help="replace the results in an existing OUT")
+    add_run_arguments(g, resume="continue OUT from its training state (same per-step losses as one run)",
+                      overwrite="replace the results in an existing OUT")
 
     g = p.add_argument_group("classify / pair")
     g.add_argument("--text-column", help="text column or JSONL key (text)")
@@ -160,7 +165,7 @@ def _run_finetune(args: argparse.Namespace) -> None:
     # only when something fails.
     main_rank = os.environ.get("RANK", "0") == "0"
     logging.basicConfig(level=logging.INFO if main_rank else logging.ERROR, format="%(message)s")
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "dataset")}
+    settings = config_settings(args, "dataset")
     if "dataset" in vars(args):
         settings["train"] = f"builtin:{args.dataset}"
     summary = run_finetune(finetune_settings(settings))
@@ -237,8 +242,7 @@ def _add_mine_negatives(sub: argparse._SubParsersAction) -> None:
 def _run_mine_negatives(args: argparse.Namespace) -> None:
     from bertkit.train.retrieval.mining import mine_file
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
-    summary = mine_file(**settings)
+    summary = mine_file(**config_settings(args))
     print(f"{summary['rows']} rows with {summary['negatives']} negatives written to {summary['out']}"
           + (f"; {summary['short_rows']} rows have fewer than asked" if summary["short_rows"] else ""))
     print(json.dumps(summary, ensure_ascii=False))
@@ -261,9 +265,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, dest="model_dir",
                    help="fine-tuned model directory, a LoRA adapter dir (`finetune --lora-save adapters`; its "
                    "base from adapter_config.json), or the base model of --adapter")
-    p.add_argument("--adapter", metavar="DIR", help="a LoRA adapter dir run over --model, its base")
-    p.add_argument("--base", metavar="DIR", help="the base model of an adapter given as --model, when its "
-                   "adapter_config.json's base_model_name_or_path is not a directory here")
+    add_adapter_arguments(p, "a LoRA adapter dir run over --model, its base", model="--model")
     p.add_argument("--input", required=True, dest="input_path")
     p.add_argument("--input-format", dest="fmt", choices=["auto", "txt", "jsonl", "csv", "tsv", "conll", "squad"],
                    help="the input's format (default: by its suffix; .json is SQuAD)")
@@ -291,7 +293,7 @@ def _run_predict(args: argparse.Namespace) -> None:
     from bertkit.adapters import is_adapter_dir
     from bertkit.inference.jobs import predict_file
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "func", "adapter", "base")}
+    settings = config_settings(args, "adapter", "base")
     adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
     if adapter is not None or base is not None or is_adapter_dir(args.model_dir):
         from functools import partial

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 
+from bertkit.cli.common import add_base_argument
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="parameter table of a preset or model directory")
     p.add_argument("model", help="preset name (tiny, mini, small, medium, base, large), model dir, or LoRA "
                    "adapter dir (its base's table, then the adapter's)")
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary size for a preset")
-    p.add_argument("--base", metavar="DIR", default=None,
-                   help="the base model of an adapter given as MODEL, when its adapter_config.json's "
-                   "base_model_name_or_path is not a directory here")
+    add_base_argument(p)
     p.set_defaults(func=_run_info)
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from bertkit.cli.common import add_run_arguments, add_training_engine_arguments, config_settings
+from bertkit.cli.common import add_loop_arguments, add_run_arguments, add_training_engine_arguments, config_settings
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -154,15 +154,13 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--generator-size", type=float,
                    help="rtd: the generator's width against the discriminator's (0.25)")
     p.add_argument("--rtd-weight", type=float, help="rtd: weight of the discriminator's loss (50)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps (or give --epochs)")
-    p.add_argument("--epochs", type=float, help="passes over the data (default 1)")
-    p.add_argument("--batch-size", type=int, help="sequences per optimizer step, all processes (128)")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per step (1)")
-    p.add_argument("--lr", type=float, help="peak learning rate (5e-4)")
-    p.add_argument("--weight-decay", type=float, help="AdamW weight decay, not on biases/LayerNorm (0.01)")
-    p.add_argument("--schedule", choices=["linear", "cosine", "constant"], help="decay after warmup")
-    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (6%% of the steps)")
-    p.add_argument("--max-grad-norm", type=float, help="gradient clipping norm (1.0)")
+    add_loop_arguments(p, epochs_type=float, max_steps="optimizer steps (or give --epochs)",
+                       epochs="passes over the data (default 1)",
+                       batch_size="sequences per optimizer step, all processes (128)",
+                       grad_accum="micro-batches per step (1)", lr="peak learning rate (5e-4)",
+                       weight_decay="AdamW weight decay, not on biases/LayerNorm (0.01)",
+                       schedule="decay after warmup", warmup_steps="linear warmup steps (6%% of the steps)",
+                       max_grad_norm="gradient clipping norm (1.0)")
     p.add_argument("--mlm-probability", type=float,
                    help="share of tokens selected for MLM (0.15; 0.30 for ModernBERT models)")
     p.add_argument("--compile", action="store_true",

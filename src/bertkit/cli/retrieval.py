@@ -6,8 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_json
-from bertkit.constants import POOLINGS
+from bertkit.cli.common import (
+    BATCH_TOKENS_HELP,
+    add_engine_arguments,
+    add_pooling_argument,
+    add_run_arguments,
+    engine_options,
+    print_json,
+)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +40,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--delete", nargs="+", default=[], metavar="ID", help="delete these document ids")
     p.add_argument("--text-field", default="text", help="jsonl key of the text (text)")
     p.add_argument("--id-field", default="id", help="jsonl key of the id (id; else the line number)")
-    p.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help="default: the model's sentence-transformers pooling, else mean")
+    add_pooling_argument(p)
     g = p.add_argument_group("passages")
     g.add_argument("--passage-tokens", type=int, default=None,
                    help="pieces per passage (default: the model's length − 2; 0: whole documents, "
@@ -124,14 +129,12 @@ def _run_index(args: argparse.Namespace) -> None:
             raise ValueError(f"--mv-centroids {args.mv_centroids} must be positive")
     if args.corpus is None or args.model is None:
         raise ValueError("a new index needs CORPUS and --model (--upsert / --delete update an existing one)")
-    engine_options = {"precision": args.precision, "max_batch_tokens": args.max_batch_tokens,
-                      "device": args.device, **({"max_length": args.max_length} if args.max_length else {})}
     config = IndexConfig(corpus=args.corpus, model=args.model, out_dir=args.out, resume=args.resume,
                          overwrite=args.overwrite, progress=args.progress, text_field=args.text_field,
                          id_field=args.id_field, pooling=args.pooling, passage_tokens=args.passage_tokens,
                          passage_overlap=args.passage_overlap, late_chunking=args.late_chunking,
                          backend=args.backend, backend_params=_backend_params(args), bm25=args.bm25,
-                         bm25_cjk=args.bm25_cjk, engine_options=engine_options)
+                         bm25_cjk=args.bm25_cjk, engine_options=engine_options(args))
     summary = run_build_index(config)
     truncated = f", {summary['truncated']} truncated" if summary["truncated"] else ""
     print(f"indexed {summary['documents']} documents as {summary['rows']} passages ({summary['dim']} dims, "
@@ -147,9 +150,7 @@ def _run_multivector_side(args: argparse.Namespace) -> None:
     from bertkit.retrieval.multivector import build_multivector
 
     summary = build_multivector(args.out, args.model, kind=args.multi_vector, nbits=args.mv_nbits,
-                                centroids=args.mv_centroids, precision=args.precision,
-                                max_batch_tokens=args.max_batch_tokens, device=args.device,
-                                **({"max_length": args.max_length} if args.max_length else {}))
+                                centroids=args.mv_centroids, **engine_options(args))
     print(f"multi-vector side: {summary['tokens']} token vectors of {summary['rows']} passages over "
           f"{summary['centroids']} centroids in {summary['seconds']:.1f} s")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bertkit.cli.common import add_engine_arguments, need_web_stack
+from bertkit.cli.common import add_engine_arguments, engine_options, need_web_stack
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -83,8 +83,7 @@ def _run_serve(args: argparse.Namespace) -> None:
                     openai_max_batch_size=args.openai_max_batch_size,
                     max_batch_tokens=args.max_batch_tokens, payload_limit=args.payload_limit,
                     auto_truncate=args.auto_truncate)
-    options = {"precision": args.precision, "device": args.device, "max_batch_tokens": args.max_batch_tokens,
-               **({"max_length": args.max_input_length} if args.max_input_length else {})}
+    options = {**engine_options(args), **({"max_length": args.max_input_length} if args.max_input_length else {})}
     named, given_adapters = models_and_adapters(parse_model_args(args.models), args.base)
     aliases = parse_served_names(args.served_model_name, [name for name, _ in named])
     adapter_specs = [*given_adapters, *parse_adapter_args(args.adapter)]

@@ -6,10 +6,19 @@ Each takes texts on the command line (results printed) or --input FILE --out FIL
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 
-from bertkit.cli.common import BATCH_TOKENS_HELP, add_engine_arguments, add_run_arguments, print_file_job, print_json
-from bertkit.constants import POOLINGS
+from bertkit.cli.common import (
+    BATCH_TOKENS_HELP,
+    add_adapter_arguments,
+    add_engine_arguments,
+    add_pooling_argument,
+    add_run_arguments,
+    engine_options,
+    print_file_job,
+    print_json,
+)
 
 # What --input-format names (records.FORMATS but squad, which only predict reads); kept here so
 # that building the parser imports nothing heavy.
@@ -31,12 +40,8 @@ def _add_use(sub: argparse._SubParsersAction, name: str, help: str, model_help: 
     p.add_argument("model", help=model_help + (", a LoRA adapter dir (its base from adapter_config.json), "
                                                "or the base model of --adapter" if adapter else ""))
     if adapter:
-        p.add_argument("--adapter", metavar="DIR", default=None,
-                       help="a LoRA adapter dir (PEFT's files: `finetune --lora ... --lora-save adapters`, "
-                       "or peft's) run over MODEL, its base, with the adapter's own head and labels")
-        p.add_argument("--base", metavar="DIR", default=None,
-                       help="the base model of an adapter given as MODEL, when its adapter_config.json's "
-                       "base_model_name_or_path is not a directory here")
+        add_adapter_arguments(p, "a LoRA adapter dir (PEFT's files: `finetune --lora ... --lora-save adapters`, "
+                              "or peft's) run over MODEL, its base, with the adapter's own head and labels")
     if texts:
         p.add_argument("texts", nargs="*", help="texts (or give --input)")
     p.add_argument("--input", help="input file (.txt, .jsonl, .csv, .tsv)")
@@ -57,9 +62,8 @@ def _engine(args: argparse.Namespace, use: str):
     adapter dir, or --adapter DIR over MODEL), whose own use must fit `use`."""
     from bertkit.adapters import is_adapter_dir, open_engine, resolve
 
-    options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
-                   truncate=args.truncate, **({"max_length": args.max_length} if args.max_length else {}),
-                   **({"calibration": args.calibration} if getattr(args, "calibration", None) else {}))
+    options = {**engine_options(args),
+               **({"calibration": args.calibration} if getattr(args, "calibration", None) else {})}
     adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
     if use == "fill-mask" and is_adapter_dir(args.model):
         raise ValueError(f"{args.model} is a LoRA adapter directory; adapters classify, tag, answer, rerank or "
@@ -95,8 +99,20 @@ def _settings_dir(args: argparse.Namespace):
     return resolve(args.model, args.adapter, args.base)[0]
 
 
-def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
-    """Texts or --input/--out, not both; outputs checked before any model is loaded."""
+def _prompt(args: argparse.Namespace, settings_dir) -> str | None:
+    """The text put before every text: --prompt, or --prompt-name (else the default) among the
+    prompts of the sentence-transformers files in `settings_dir` (none when it is not a directory)."""
+    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
+    from bertkit.inference.embed import resolve_prompt
+
+    has_files = settings_dir is not None and Path(settings_dir).is_dir()
+    settings = sentence_transformers_settings(settings_dir) if has_files else {}
+    return resolve_prompt(settings, args.prompt_name, args.prompt)
+
+
+def _inputs(args: argparse.Namespace, *, need_texts: bool = True, kind: str | None = None) -> None:
+    """Texts or --input/--out, not both; outputs checked before any model is loaded (for the
+    command, and for `kind` too: embed --sparse and --output write rows of their own)."""
     from bertkit.util.fileio import check_writable_output
 
     texts = getattr(args, "texts", None)
@@ -113,6 +129,8 @@ def _inputs(args: argparse.Namespace, *, need_texts: bool = True) -> None:
         from bertkit.inference.jobs import output_kind
 
         output_kind(args.command, args.out)  # the commands are named as the uses
+        if kind is not None:
+            output_kind(kind, args.out)
     elif need_texts and not texts:
         raise ValueError(f"bertkit {args.command} needs texts or --input FILE --out FILE")
     elif args.out:
@@ -143,8 +161,7 @@ def _use_engine(args: argparse.Namespace, use: str, **file_options):
 def _add_embed(sub: argparse._SubParsersAction) -> None:
     p = _add_use(sub, "embed", "sentence embeddings (and their cosine similarities)",
                  "model dir (any BERT checkpoint with tokenizer files)")
-    p.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help="default: the model's sentence-transformers pooling, else mean")
+    add_pooling_argument(p)
     p.add_argument("--no-normalize", action="store_false", dest="normalize", default=None,
                    help="keep the raw pooled vectors (default: the model's setting, else unit length)")
     p.add_argument("--prompt-name", default=None,
@@ -189,14 +206,11 @@ def _run_embed(args: argparse.Namespace) -> None:
         return _run_embed_sparse(args)
     if args.top_k is not None:
         raise ValueError("--top-k goes with --sparse (dense embeddings keep every dimension; see --truncate-dim)")
-    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
     from bertkit.inference import embed
-    from bertkit.inference.embed import resolve_pooling, resolve_prompt
+    from bertkit.inference.embed import resolve_pooling
 
-    settings_dir = _settings_dir(args)
-    settings = sentence_transformers_settings(settings_dir) if settings_dir is not None else {}
     options = dict(pooling=args.pooling, normalize=args.normalize, truncate_dim=args.truncate_dim,
-                   prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
+                   prompt=_prompt(args, _settings_dir(args)))
     if args.ray is not None:
         return _embed_on_ray(args, options)
     if args.passage_tokens or args.passage_overlap:
@@ -228,12 +242,12 @@ def _embed_on_ray(args: argparse.Namespace, options: dict) -> None:
         raise ValueError("--ray embeds a file: give --input FILE --out DIR, not texts on the command line")
     if args.passage_tokens or args.passage_overlap:
         raise ValueError("--ray writes one embedding per input row; leave out --passage-tokens / --passage-overlap")
-    engine_options = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
-                          truncate=args.truncate, max_length=args.max_length)
+    engine_settings = dict(precision=args.precision, max_batch_tokens=args.max_batch_tokens, device=args.device,
+                           truncate=args.truncate, max_length=args.max_length)
     summary = embed_on_ray(model_directory(args.model), args.input, args.out, address=args.ray or None,
                            actors=args.ray_actors, actor_cpus=args.ray_actor_cpus, chunk_size=args.ray_chunk_size,
                            overwrite=args.overwrite, fmt=args.input_format, text_field=args.text_field,
-                           engine_options=engine_options, **options)
+                           engine_options=engine_settings, **options)
     state = ("already complete" if summary["already_complete"] else
              f"{summary['written']} written now, {summary['done_before']} done before")
     print(f"{summary['rows']:,} rows ({summary['skipped']:,} skipped) in {summary['shards']} Parquet shards of "
@@ -243,8 +257,6 @@ def _embed_on_ray(args: argparse.Namespace, options: dict) -> None:
 
 def _run_embed_sparse(args: argparse.Namespace) -> None:
     """`embed --sparse`: each text's top terms, or a file job of {"indices", "values"} rows."""
-    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
-    from bertkit.inference.embed import resolve_prompt
     from bertkit.inference.sparse import decode, embed_sparse, sparse_engine
 
     dense_only = [flag for flag, given in (("--pooling", args.pooling), ("--no-normalize", args.normalize is False),
@@ -255,16 +267,9 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
         raise ValueError(f"{dense_only[0]} is for dense embeddings; --sparse weighs vocabulary terms "
                          "(--top-k keeps the largest)")
     _whole_model(args, "--sparse")
-    _inputs(args)
-    if args.input:
-        from bertkit.inference.jobs import output_kind
-
-        output_kind("embed-sparse", args.out)
-    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
-    options = dict(top_k=args.top_k, prompt=resolve_prompt(settings, args.prompt_name, args.prompt))
-    engine = sparse_engine(args.model, precision=args.precision, max_batch_tokens=args.max_batch_tokens,
-                           device=args.device, truncate=args.truncate,
-                           **({"max_length": args.max_length} if args.max_length else {}))
+    _inputs(args, kind="embed-sparse")
+    options = dict(top_k=args.top_k, prompt=_prompt(args, args.model))
+    engine = sparse_engine(args.model, **engine_options(args))
     if args.input:
         return _file_job(args, "embed-sparse", engine, **options)
     rows = embed_sparse(engine, args.texts, **options)
@@ -279,8 +284,6 @@ def _run_embed_sparse(args: argparse.Namespace) -> None:
 
 def _run_embed_m3(args: argparse.Namespace) -> None:
     """`embed --output dense,sparse,colbert`: BGE-M3's outputs per text, or a file job of them."""
-    from bertkit.encoder.sentence_transformers import sentence_transformers_settings
-    from bertkit.inference.embed import resolve_prompt
     from bertkit.inference.m3 import check_outputs, encode_m3
     from bertkit.inference.sparse import decode
 
@@ -293,15 +296,10 @@ def _run_embed_m3(args: argparse.Namespace) -> None:
         raise ValueError(f"{others[0]} does not go with --output (BGE-M3's dense vector is its unit [CLS] "
                          "state, its lexical weights every one above 0); leave it out")
     outputs = [name.strip() for name in args.output.split(",") if name.strip()]
-    _inputs(args)
-    if args.input:
-        from bertkit.inference.jobs import output_kind
-
-        output_kind("embed-m3", args.out)
+    _inputs(args, kind="embed-m3")
     engine = _engine(args, "embed")
     outputs = list(check_outputs(engine, outputs))
-    settings = sentence_transformers_settings(args.model) if Path(args.model).is_dir() else {}
-    prompt = resolve_prompt(settings, args.prompt_name, args.prompt)
+    prompt = _prompt(args, args.model)
     if args.input:
         return _file_job(args, "embed-m3", engine, outputs=outputs, prompt=prompt)
     got = encode_m3(engine, args.texts, outputs, prompt=prompt)
@@ -363,11 +361,8 @@ def _run_fill_mask(args: argparse.Namespace) -> None:
 
         return print_json({"text": text, "masks": [[asdict(c) for c in cands] for cands in masks]}
                           for text, masks in zip(args.texts, results))
-    for text, masks in zip(args.texts, results):
-        print(text)
-        for i, cands in enumerate(masks):
-            shown = "  ".join(f"{c.token} {c.score:.3f}" for c in cands)
-            print(f"  [MASK] {i + 1}: {shown}")
+    _print_under(args.texts, ([f"[MASK] {i + 1}: " + "  ".join(f"{c.token} {c.score:.3f}" for c in cands)
+                               for i, cands in enumerate(masks)] for masks in results))
 
 
 def _add_classify(sub: argparse._SubParsersAction) -> None:
@@ -411,12 +406,8 @@ def _run_ner(args: argparse.Namespace) -> None:
     results = ner(engine, args.texts)
     if args.json:
         return print_json({"text": t, "entities": e} for t, e in zip(args.texts, results))
-    for text, entities in zip(args.texts, results):
-        print(text)
-        for e in entities:
-            print(f"  {e['type']:>6} {e['start']:>4}-{e['end']:<4} {e['score']:.3f}  {e['text']}")
-        if not entities:
-            print("  (no entities)")
+    _print_under(args.texts, ([f"{e['type']:>6} {e['start']:>4}-{e['end']:<4} {e['score']:.3f}  {e['text']}"
+                               for e in entities] for entities in results), none="(no entities)")
 
 
 def _add_qa(sub: argparse._SubParsersAction) -> None:
@@ -447,10 +438,18 @@ def _run_qa(args: argparse.Namespace) -> None:
     results = qa(engine, args.question, context, **options)
     if args.json:
         return print_json({"question": q, "answers": a} for q, a in zip(args.question, results))
-    for question, answers in zip(args.question, results):
-        print(question)
-        for a in answers:
-            print(f"  {a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]")
+    _print_under(args.question, ([f"{a['score']:.3f}  {a['text']!r}  [{a['start']}:{a['end']}]" for a in answers]
+                                 for answers in results))
+
+
+def _print_under(texts: list[str], lines: Iterable[list[str]], none: str | None = None) -> None:
+    """Each text, then its results' lines indented under it (`none` when it has none)."""
+    for text, found in zip(texts, lines):
+        print(text)
+        for line in found:
+            print("  " + line)
+        if none is not None and not found:
+            print("  " + none)
 
 
 def _context_text(value: str) -> str:
@@ -487,11 +486,7 @@ def _run_rerank(args: argparse.Namespace) -> None:
     engine = _use_engine(args, "rerank", query=args.query, raw_scores=args.raw_scores)
     if engine is None:
         return
-    ranked = rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores)
-    if args.json:
-        return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
-    for r in ranked:
-        print(f"{r['score']:8.4f}  [{r['index']}] {args.texts[r['index']]}")
+    _print_ranked(args, rerank(engine, args.query, args.texts, top_k=args.top_k, raw_scores=args.raw_scores))
 
 
 def _run_late_interaction(args: argparse.Namespace) -> None:
@@ -504,7 +499,12 @@ def _run_late_interaction(args: argparse.Namespace) -> None:
     _inputs(args)
     colbert = Colbert.load(args.model, precision=args.precision, max_batch_tokens=args.max_batch_tokens,
                            device=args.device)
-    ranked = colbert.rerank(args.query, args.texts, top_k=args.top_k)
+    _print_ranked(args, colbert.rerank(args.query, args.texts, top_k=args.top_k))
+
+
+def _print_ranked(args: argparse.Namespace, ranked: list[dict]) -> None:
+    """rerank's answer, best first: one JSON object per document with --json, else a line each
+    of score, [input index] and text."""
     if args.json:
         return print_json({**r, "text": args.texts[r["index"]]} for r in ranked)
     for r in ranked:

@@ -89,23 +89,14 @@ def split_tag(tag: str) -> tuple[str, str]:
     return prefix, kind
 
 
-def _chunk_ends(prev: str, prev_type: str, cur: str, cur_type: str) -> bool:
-    # The entity open at the previous token closes before the current one.
-    if prev in ("E", "S"):
-        return True
-    if prev in ("B", "I") and cur in ("B", "S", "O"):
-        return True
-    return prev != "O" and prev_type != cur_type
-
-
-def _chunk_starts(prev: str, prev_type: str, cur: str, cur_type: str) -> bool:
-    # A new entity opens at the current token. I-/E- after O, E or S open one: conlleval reads
-    # a stray continuation tag as the start of an entity rather than dropping it.
-    if cur in ("B", "S"):
-        return True
-    if cur in ("I", "E") and prev in ("O", "E", "S"):
-        return True
-    return cur != "O" and prev_type != cur_type
+def _chunk_bounds(prev: str, prev_type: str, cur: str, cur_type: str) -> tuple[bool, bool]:
+    """(the entity open at the previous token closes before the current one, a new entity opens at
+    the current token): conlleval's endOfChunk and startOfChunk. I-/E- after O, E or S open one:
+    conlleval reads a stray continuation tag as the start of an entity rather than dropping it."""
+    retyped = prev_type != cur_type
+    ends = prev in ("E", "S") or (prev in ("B", "I") and cur in ("B", "S", "O")) or (prev != "O" and retyped)
+    starts = cur in ("B", "S") or (cur in ("I", "E") and prev in ("O", "E", "S")) or (cur != "O" and retyped)
+    return ends, starts
 
 
 def get_entities(tags: Sequence[str]) -> list[Entity]:
@@ -114,10 +105,11 @@ def get_entities(tags: Sequence[str]) -> list[Entity]:
     prev, prev_type, start = "O", "", None
     for i, tag in enumerate(list(tags) + ["O"]):  # the sentinel closes an entity at the end
         cur, cur_type = split_tag(tag)
-        if start is not None and _chunk_ends(prev, prev_type, cur, cur_type):
+        ends, starts = _chunk_bounds(prev, prev_type, cur, cur_type)
+        if start is not None and ends:
             entities.append(Entity(prev_type, start, i))
             start = None
-        if _chunk_starts(prev, prev_type, cur, cur_type):
+        if starts:
             start = i
         prev, prev_type = cur, cur_type
     return entities
@@ -134,15 +126,9 @@ class PRF:
 
 
 @dataclass
-class EntityScores:
-    """Micro-averaged exact-span scores, and the same per entity type."""
+class EntityScores(PRF):
+    """Micro-averaged exact-span scores (PRF's fields, in its order), and the same per entity type."""
 
-    precision: float
-    recall: float
-    f1: float
-    n_pred: int
-    n_gold: int
-    n_correct: int
     per_type: dict[str, PRF] = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -78,11 +78,12 @@ class BertTokenizer:
     """
 
     def __init__(self, backend: Tokenizer, *, model_max_length: int = 512,
-                 special_tokens: dict[str, str] | None = None):
+                 special_tokens: dict[str, str] | None = None, tokenizer_class: str | None = None):
         """Wrap a configured `tokenizers.Tokenizer` (WordPiece model, BERT normaliser expected).
 
         special_tokens maps "pad_token", "unk_token", "cls_token", "sep_token", "mask_token" to
         their strings when a vocabulary spells them differently from [PAD] [UNK] [CLS] [SEP] [MASK].
+        tokenizer_class: what tokenizer_config.json calls it (None: BertTokenizer).
         """
         if model_max_length < 2:
             raise ValueError(f"model_max_length {model_max_length} leaves no room for [CLS] and "
@@ -106,7 +107,7 @@ class BertTokenizer:
         self.special_ids: frozenset[int] = frozenset(ids.values()) | frozenset(added_special)
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         # What tokenizer_config.json calls this tokenizer (written back on save).
-        self.tokenizer_class: str = "BertTokenizer"
+        self.tokenizer_class: str = tokenizer_class or "BertTokenizer"
         # Truncation/padding state we last gave the backend; None means "not set by us yet".
         self._truncation: tuple | None = None
         self._padding: tuple | None = None
@@ -214,9 +215,8 @@ class BertTokenizer:
         if backend.post_processor is None:
             backends.set_bert_post_processor(backend, specials.get("cls_token", CLS),
                                      specials.get("sep_token", SEP))
-        tokenizer = cls(backend, model_max_length=max_len, special_tokens=specials)
-        tokenizer.tokenizer_class = config.get("tokenizer_class") or tokenizer.tokenizer_class
-        return tokenizer
+        return cls(backend, model_max_length=max_len, special_tokens=specials,
+                   tokenizer_class=config.get("tokenizer_class"))
 
     @classmethod
     def from_bpe_files(cls, vocab_json: str | os.PathLike, merges_txt: str | os.PathLike, *,
@@ -227,9 +227,8 @@ class BertTokenizer:
         specials = {**BPE.specials, **(special_tokens or {})}
         backend = backends.bpe(vocab_json, merges_txt, specials, add_prefix_space=add_prefix_space,
                                trim_offsets=trim_offsets)
-        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
-        tokenizer.tokenizer_class = tokenizer_class or BPE.tokenizer_class
-        return tokenizer
+        return cls(backend, model_max_length=model_max_length, special_tokens=specials,
+                   tokenizer_class=tokenizer_class or BPE.tokenizer_class)
 
     @classmethod
     def from_sentencepiece(cls, spiece_model: str | os.PathLike, *, lowercase: bool = True,
@@ -241,9 +240,8 @@ class BertTokenizer:
         specials = {**UNIGRAM.specials, **(special_tokens or {})}
         backend = backends.unigram(spiece_model, specials, lowercase=lowercase, keep_accents=keep_accents,
                                    add_prefix_space=add_prefix_space)
-        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
-        tokenizer.tokenizer_class = tokenizer_class or UNIGRAM.tokenizer_class
-        return tokenizer
+        return cls(backend, model_max_length=model_max_length, special_tokens=specials,
+                   tokenizer_class=tokenizer_class or UNIGRAM.tokenizer_class)
 
     @classmethod
     def from_deberta_spm(cls, spm_model: str | os.PathLike, *, lowercase: bool = False,
@@ -254,9 +252,8 @@ class BertTokenizer:
         specials = {**SPECIAL_KEYS, **DEBERTA_SPM.specials, **(special_tokens or {})}
         backend = backends.deberta_spm(spm_model, specials, lowercase=lowercase, split_by_punct=split_by_punct,
                                        add_prefix_space=add_prefix_space)
-        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
-        tokenizer.tokenizer_class = DEBERTA_SPM.tokenizer_class
-        return tokenizer
+        return cls(backend, model_max_length=model_max_length, special_tokens=specials,
+                   tokenizer_class=DEBERTA_SPM.tokenizer_class)
 
     @classmethod
     def from_fairseq_spm(cls, spm_model: str | os.PathLike, *, camembert: bool = False, add_prefix_space: bool = True,
@@ -266,9 +263,8 @@ class BertTokenizer:
         layout = CAMEMBERT_JSON if camembert else XLMR_JSON
         specials = {**layout.specials, **(special_tokens or {})}
         backend = backends.fairseq_spm(spm_model, specials, camembert=camembert, add_prefix_space=add_prefix_space)
-        tokenizer = cls(backend, model_max_length=model_max_length, special_tokens=specials)
-        tokenizer.tokenizer_class = layout.tokenizer_class
-        return tokenizer
+        return cls(backend, model_max_length=model_max_length, special_tokens=specials,
+                   tokenizer_class=layout.tokenizer_class)
 
     # -- settings ------------------------------------------------------------------------------
     @property
