@@ -127,6 +127,16 @@ def test_cli_prints_top_terms_and_json(mlm_dir, capsys):
     assert "--top-k goes with --sparse" in capsys.readouterr().err
 
 
+def test_cli_takes_int8_static_with_its_calibration_file(mlm_dir, tmp_path, capsys):
+    from bertkit.cli import main
+
+    source = tmp_path / "calibration.txt"
+    source.write_text("\n".join(TEXTS * 3) + "\n", encoding="utf-8")
+    assert main(["embed", str(mlm_dir), "--sparse", "red ball", "--json", "--precision", "int8-static",
+                 "--calibration", str(source)]) == 0
+    assert json.loads(capsys.readouterr().out)["embedding"]
+
+
 def test_file_job_writes_index_value_rows_and_refuses_npy(mlm_dir, tmp_path, capsys):
     from bertkit.cli import main
 

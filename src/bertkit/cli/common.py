@@ -43,13 +43,15 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, explain_precision: bool 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """Engine.load's keyword arguments from the flags `add_engine_arguments` declared: --precision,
     --device, and --max-batch-tokens and --no-truncate where the command has them; --max-length
-    only when given, so that the model's own limit applies otherwise."""
+    and --calibration only when given, so that the model's own limit and saved scales apply
+    otherwise."""
     options = {"precision": args.precision, "device": args.device}
     for name in ("max_batch_tokens", "truncate"):
         if name in vars(args):
             options[name] = getattr(args, name)
-    if getattr(args, "max_length", None):
-        options["max_length"] = args.max_length
+    for name in ("max_length", "calibration"):
+        if getattr(args, name, None):
+            options[name] = getattr(args, name)
     return options
 
 

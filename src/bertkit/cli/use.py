@@ -62,8 +62,7 @@ def _engine(args: argparse.Namespace, use: str):
     adapter dir, or --adapter DIR over MODEL), whose own use must fit `use`."""
     from bertkit.adapters import is_adapter_dir, open_engine, resolve
 
-    options = {**engine_options(args),
-               **({"calibration": args.calibration} if getattr(args, "calibration", None) else {})}
+    options = engine_options(args)
     adapter, base = getattr(args, "adapter", None), getattr(args, "base", None)
     if use == "fill-mask" and is_adapter_dir(args.model):
         raise ValueError(f"{args.model} is a LoRA adapter directory; adapters classify, tag, answer, rerank or "
