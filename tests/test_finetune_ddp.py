@@ -1,9 +1,9 @@
 """Fine-tuning under `torchrun --nproc_per_node 2` (gloo on CPU) makes the updates of one process
 with the same global batch: per-step losses and final weights agree to 1e-5, for a labelled task
-(classify), the bi-encoder (embed: in-batch negatives gathered across ranks), the cross-encoder
-(rerank) and SPLADE (sparse: gathered negatives and FLOPS), and after a SIGKILL and --resume. The
-per-rank batches and shares of NER (a mean over labelled tokens) and QA (a softmax over padded
-positions) are checked in this process.
+(classify), the bi-encoder (embed: in-batch negatives gathered across ranks; also by GradCache,
+cached-mnrl), the cross-encoder (rerank) and SPLADE (sparse: gathered negatives and FLOPS), and
+after a SIGKILL and --resume. The per-rank batches and shares of NER (a mean over labelled tokens)
+and QA (a softmax over padded positions) are checked in this process.
 
 Dropout is off in every model: the two ranks draw their own dropout masks, which cannot match
 one process's. Batch sizes and row counts are chosen so that batches split unevenly (3 rows on 2
@@ -81,8 +81,15 @@ def torchrun_command(*args: str) -> list[str]:
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(torchrun_command(*args), env=cli_env(), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, worker_error(result.stderr)
     return result
+
+
+def worker_error(stderr: str) -> str:
+    """The first worker traceback of a failed run: torchrun's own summary, which comes last, does
+    not say what failed."""
+    start = stderr.find("Traceback")
+    return stderr[start:start + 4000] if start >= 0 else stderr[-3000:]
 
 
 def children(pid: int) -> list[int]:
@@ -166,6 +173,24 @@ def test_retrieval_tasks_two_processes_match_one(tmp_path, task):
     if task == "rerank":
         args += ["--negatives", "2"]
     assert_same_run(*one_and_two(tmp_path, args))
+
+
+def test_cached_mnrl_two_processes_match_one_and_the_uncached_loss(tmp_path):
+    """GradCache under torchrun: each rank embeds its rows by mini-batches without a graph, the
+    embeddings are gathered, and each rank replays its own mini-batches, DDP all-reducing once.
+    The run is one process's cached run, and one process's plain mnrl run, step by step."""
+    model = tiny_model(tmp_path / "model", "encoder")
+    # 13 rows in batches of 6: two of 6, then 1 (whole on both ranks). A rank's 3 queries make
+    # mini-batches of 2 and 1; its 4 or 5 candidates (every other row brings a hard negative) 2, 2
+    # and maybe 1.
+    train = pairs_file(tmp_path / "train.jsonl", 13, 1)
+    args = ["--task", "embed", "--model", str(model), "--train", str(train), "--batch-size", "6",
+            "--epochs", "1", "--lr", "0.001", "--max-length", "12", "--mine", "none", "--no-progress"]
+    one, two = one_and_two(tmp_path, [*args, "--loss", "cached-mnrl", "--mini-batch-size", "2"])
+    assert_same_run(one, two)
+    plain = tmp_path / "plain"
+    run_one(*args, "--loss", "mnrl", "--out", str(plain))
+    assert_same_run(plain, two)
 
 
 def test_classify_two_processes_killed_and_resumed_match_one(tmp_path):
