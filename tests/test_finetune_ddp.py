@@ -1,10 +1,11 @@
 """Fine-tuning under `torchrun --nproc_per_node 2` (gloo on CPU) makes the updates of one process
 with the same global batch: per-step losses and final weights agree to 1e-5, for a labelled task
 (classify), the bi-encoder (embed: in-batch negatives gathered across ranks; also by GradCache,
-cached-mnrl), the cross-encoder (rerank) and SPLADE (sparse: gathered negatives and FLOPS), and
-after a SIGKILL and --resume; QA (a softmax over padded positions) too, its start and end biases
-aside (`test_qa_two_processes_match_one` says why). The per-rank batches and shares of NER (a mean
-over labelled tokens) and QA are also checked in this process.
+cached-mnrl, whose gradients are compared too), the cross-encoder (rerank) and SPLADE (sparse:
+gathered negatives and FLOPS), and after a SIGKILL and --resume; QA (a softmax over padded
+positions) too, its start and end biases aside (`test_qa_two_processes_match_one` says why). The
+per-rank batches and shares of NER (a mean over labelled tokens) and QA are also checked in this
+process.
 
 Dropout is off in every model: the two ranks draw their own dropout masks, which cannot match
 one process's. Batch sizes and row counts are chosen so that batches split unevenly (3 rows on 2
@@ -193,6 +194,65 @@ def test_cached_mnrl_two_processes_match_one_and_the_uncached_loss(tmp_path):
     plain = tmp_path / "plain"
     run_one(*args, "--loss", "mnrl", "--out", str(plain))
     assert_same_run(plain, two)
+
+
+def step_gradients(model_dir: Path, train: Path, loss: str, info: DistInfo) -> tuple[float, dict[str, torch.Tensor]]:
+    """One step of the bi-encoder on the first 6 rows of `train`, taken as the retrieval loop
+    takes it (this rank's shard through the DDP engine, its share, backward): the loss and the
+    gradients left on the parameters (after DDP's all-reduce under several ranks)."""
+    from functools import partial
+
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.train import parallel
+    from bertkit.train.retrieval import biencoder
+    from bertkit.train.retrieval.common import RetrievalTrainConfig, read_pairs
+
+    config = RetrievalTrainConfig(task="embed", model=str(model_dir), train=str(train), out_dir="unused",
+                                  max_length=12, loss=loss, mini_batch_size=2)
+    model = biencoder.build(config)
+    engine = parallel.data_parallel(model, info)
+    part = shard(read_pairs(str(train))[0][:6], info)
+    value = engine(partial(biencoder.loss, tokenizer=BertTokenizer.from_pretrained(model_dir), rows=part.rows,
+                           config=config, device=info.device, group=part.group))
+    parallel.for_backward(share(value, part), info).backward()
+    return float(value.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rank_step(rank: int, world: int, model_dir: Path, train: Path, store: Path, out: Path) -> None:
+    """`step_gradients` of cached-mnrl on rank `rank` of `world` gloo processes; rank 0 saves them."""
+    import torch.distributed as dist
+
+    from bertkit.util.distributed import init_distributed
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
+    try:
+        result = step_gradients(model_dir, train, "cached-mnrl", init_distributed("cpu"))
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cached_mnrl_gradients_of_two_processes_are_one_process_gradients(tmp_path):
+    """The gradients themselves, not only the weights: Adam's update is the same for any uniform
+    scale of the gradient, so a share counted twice or not at all (a rank's embeddings' gradient
+    taken once where DDP's mean needs it world_size times) leaves the weights of a run unchanged.
+    One cached-mnrl step on 2 gloo processes (3 rows each, mini-batches of 2) leaves on rank 0
+    the gradients one process's plain mnrl computes on the whole batch."""
+    import torch.multiprocessing as mp
+
+    model = tiny_model(tmp_path / "model", "encoder")
+    train = pairs_file(tmp_path / "train.jsonl", 6, 1)
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_rank_step, args=(2, model, train, tmp_path / "store", out), nprocs=2)
+    loss_two, two = torch.load(out)
+    loss_one, one = step_gradients(model, train, "mnrl", info(0, 1))
+    assert loss_two == pytest.approx(loss_one, abs=TOLERANCE)
+    assert two.keys() == one.keys() and len(one) > 10
+    assert max(float((two[n] - one[n]).abs().max()) for n in one) <= TOLERANCE
+    assert max(float(g.abs().max()) for g in one.values()) > 1e-2  # the comparison is not of zeros
 
 
 def test_classify_two_processes_killed_and_resumed_match_one(tmp_path):
