@@ -1,9 +1,11 @@
 """Fine-tuning under `torchrun --nproc_per_node 2` (gloo on CPU) makes the updates of one process
 with the same global batch: per-step losses and final weights agree to 1e-5, for a labelled task
-(classify), the bi-encoder (embed: in-batch negatives gathered across ranks), the cross-encoder
-(rerank) and SPLADE (sparse: gathered negatives and FLOPS), and after a SIGKILL and --resume. The
-per-rank batches and shares of NER (a mean over labelled tokens) and QA (a softmax over padded
-positions) are checked in this process.
+(classify), the bi-encoder (embed: in-batch negatives gathered across ranks; also by GradCache,
+cached-mnrl, whose gradients are compared too), the cross-encoder (rerank) and SPLADE (sparse:
+gathered negatives and FLOPS), and after a SIGKILL and --resume; QA (a softmax over padded
+positions) too, its start and end biases aside (`test_qa_two_processes_match_one` says why). The
+per-rank batches and shares of NER (a mean over labelled tokens) and QA are also checked in this
+process.
 
 Dropout is off in every model: the two ranks draw their own dropout masks, which cannot match
 one process's. Batch sizes and row counts are chosen so that batches split unevenly (3 rows on 2
@@ -81,8 +83,15 @@ def torchrun_command(*args: str) -> list[str]:
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(torchrun_command(*args), env=cli_env(), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, worker_error(result.stderr)
     return result
+
+
+def worker_error(stderr: str) -> str:
+    """The first worker traceback of a failed run: torchrun's own summary, which comes last, does
+    not say what failed."""
+    start = stderr.find("Traceback")
+    return stderr[start:start + 4000] if start >= 0 else stderr[-3000:]
 
 
 def children(pid: int) -> list[int]:
@@ -131,15 +140,16 @@ def step_losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in state.read_records(out / "steps.jsonl")}
 
 
-def assert_same_run(one: Path, two: Path) -> None:
-    """Losses step by step and every weight of the saved model agree within TOLERANCE."""
+def assert_same_run(one: Path, two: Path, aside: tuple[str, ...] = ()) -> None:
+    """Losses step by step and every weight of the saved model (but those named in `aside`)
+    agree within TOLERANCE."""
     a, b = step_losses(one), step_losses(two)
     assert sorted(b) == sorted(a) and a, (a, b)  # rank 0 alone wrote, once per step
     for step in a:
         assert b[step] == pytest.approx(a[step], abs=TOLERANCE), (step, a, b)
     wa, wb = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
-    assert wa.keys() == wb.keys()
-    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    assert wa.keys() == wb.keys() and set(aside) <= wa.keys()
+    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa if k not in aside)
     assert worst <= TOLERANCE, worst
 
 
@@ -168,6 +178,83 @@ def test_retrieval_tasks_two_processes_match_one(tmp_path, task):
     assert_same_run(*one_and_two(tmp_path, args))
 
 
+def test_cached_mnrl_two_processes_match_one_and_the_uncached_loss(tmp_path):
+    """GradCache under torchrun: each rank embeds its rows by mini-batches without a graph, the
+    embeddings are gathered, and each rank replays its own mini-batches, DDP all-reducing once.
+    The run is one process's cached run, and one process's plain mnrl run, step by step."""
+    model = tiny_model(tmp_path / "model", "encoder")
+    # 13 rows in batches of 6: two of 6, then 1 (whole on both ranks). A rank's 3 queries make
+    # mini-batches of 2 and 1; its 4 or 5 candidates (every other row brings a hard negative) 2, 2
+    # and maybe 1.
+    train = pairs_file(tmp_path / "train.jsonl", 13, 1)
+    args = ["--task", "embed", "--model", str(model), "--train", str(train), "--batch-size", "6",
+            "--epochs", "1", "--lr", "0.001", "--max-length", "12", "--mine", "none", "--no-progress"]
+    one, two = one_and_two(tmp_path, [*args, "--loss", "cached-mnrl", "--mini-batch-size", "2"])
+    assert_same_run(one, two)
+    plain = tmp_path / "plain"
+    run_one(*args, "--loss", "mnrl", "--out", str(plain))
+    assert_same_run(plain, two)
+
+
+def step_gradients(model_dir: Path, train: Path, loss: str, info: DistInfo) -> tuple[float, dict[str, torch.Tensor]]:
+    """One step of the bi-encoder on the first 6 rows of `train`, taken as the retrieval loop
+    takes it (this rank's shard through the DDP engine, its share, backward): the loss and the
+    gradients left on the parameters (after DDP's all-reduce under several ranks)."""
+    from functools import partial
+
+    from bertkit.data.tokenizer import BertTokenizer
+    from bertkit.train import parallel
+    from bertkit.train.retrieval import biencoder
+    from bertkit.train.retrieval.common import RetrievalTrainConfig, read_pairs
+
+    config = RetrievalTrainConfig(task="embed", model=str(model_dir), train=str(train), out_dir="unused",
+                                  max_length=12, loss=loss, mini_batch_size=2)
+    model = biencoder.build(config)
+    engine = parallel.data_parallel(model, info)
+    part = shard(read_pairs(str(train))[0][:6], info)
+    value = engine(partial(biencoder.loss, tokenizer=BertTokenizer.from_pretrained(model_dir), rows=part.rows,
+                           config=config, device=info.device, group=part.group))
+    parallel.for_backward(share(value, part), info).backward()
+    return float(value.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _rank_step(rank: int, world: int, model_dir: Path, train: Path, store: Path, out: Path) -> None:
+    """`step_gradients` of cached-mnrl on rank `rank` of `world` gloo processes; rank 0 saves them."""
+    import torch.distributed as dist
+
+    from bertkit.util.distributed import init_distributed
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
+    try:
+        result = step_gradients(model_dir, train, "cached-mnrl", init_distributed("cpu"))
+        if rank == 0:
+            torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cached_mnrl_gradients_of_two_processes_are_one_process_gradients(tmp_path):
+    """The gradients themselves, not only the weights: Adam's update is the same for any uniform
+    scale of the gradient, so a share counted twice or not at all (a rank's embeddings' gradient
+    taken once where DDP's mean needs it world_size times) leaves the weights of a run unchanged.
+    One cached-mnrl step on 2 gloo processes (3 rows each, mini-batches of 2) leaves on rank 0
+    the gradients one process's plain mnrl computes on the whole batch."""
+    import torch.multiprocessing as mp
+
+    model = tiny_model(tmp_path / "model", "encoder")
+    train = pairs_file(tmp_path / "train.jsonl", 6, 1)
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_rank_step, args=(2, model, train, tmp_path / "store", out), nprocs=2)
+    loss_two, two = torch.load(out)
+    loss_one, one = step_gradients(model, train, "mnrl", info(0, 1))
+    assert loss_two == pytest.approx(loss_one, abs=TOLERANCE)
+    assert two.keys() == one.keys() and len(one) > 10
+    assert max(float((two[n] - one[n]).abs().max()) for n in one) <= TOLERANCE
+    assert max(float(g.abs().max()) for g in one.values()) > 1e-2  # the comparison is not of zeros
+
+
 def test_classify_two_processes_killed_and_resumed_match_one(tmp_path):
     """Kill a 2-process run mid-way, resume it under torchrun: its steps and weights are one process's."""
     model = tiny_model(tmp_path / "model", "mlm")
@@ -193,6 +280,41 @@ def test_classify_two_processes_killed_and_resumed_match_one(tmp_path):
     assert "resuming from" in result.stderr
     assert_same_run(one, two)
     assert not (two / "checkpoints").exists()
+
+
+def squad_file(path: Path, n: int) -> Path:
+    """n one-question paragraphs of four lengths, so that a batch's rows pad to unequal widths."""
+    import random
+
+    rng = random.Random(5)
+    paragraphs = []
+    for i in range(n):
+        context = " ".join(rng.choice(WORDS) for _ in range(2 + 3 * (i % 4))) + " the city ."
+        paragraphs.append({"context": context, "qas": [{"id": f"q{i}", "question": "where is the city ?",
+                                                        "answers": [{"text": "city",
+                                                                     "answer_start": context.rindex("city")}]}]})
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}),
+                    encoding="utf-8")
+    return path
+
+
+def test_qa_two_processes_match_one(tmp_path):
+    """QA's loss is a softmax over every position of the padded batch, so each rank pads its rows
+    to the whole batch's width: losses and weights are one process's within 1e-5, but for
+    qa_outputs.bias. That bias adds one number to every start (end) logit of a row, which a
+    softmax ignores: its gradient is zero in exact arithmetic whatever the batch and however it
+    is shared out, so the bias cannot show a sharding error. What stands for that zero is rounding
+    noise, different in 2 processes and in one, which Adam divides by its own root mean square
+    into updates far above the noise: here the bias moves 2.2e-5 in six steps and the two runs end
+    4.4e-6 apart, the order of the tolerance. Everything a sharding error moves (the losses, the
+    encoder, qa_outputs.weight) is compared: padding each rank to its own width instead puts the
+    losses 0.1 apart."""
+    model = tiny_model(tmp_path / "model", "mlm")
+    # 9 questions in batches of 4: two of 4 (2 a rank, padded to the batch's width), then 1.
+    train = squad_file(tmp_path / "train.json", 9)
+    args = ["--task", "qa", "--model", str(model), "--train", str(train), "--batch-size", "4", "--epochs", "2",
+            "--lr", "0.001", "--max-length", "32", "--doc-stride", "16", "--precision", "fp32", "--no-progress"]
+    assert_same_run(*one_and_two(tmp_path, args), aside=("qa_outputs.bias",))
 
 
 def info(rank: int, world: int) -> DistInfo:

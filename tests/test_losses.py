@@ -148,6 +148,26 @@ def test_cached_mnrl_gradients_equal_the_uncached_loss(tmp_path):
     assert max(g.abs().max().item() for g in grads_a.values()) > 1e-3  # the comparison is not of zeros
 
 
+def test_cached_loss_refuses_a_scaled_backward_and_needs_no_graph_to_evaluate(tmp_path):
+    """Every mini-batch but the last is back-propagated when the loss is computed: a backward
+    that scales the loss would leave those unscaled, so it is refused. Without grad the loss is
+    the uncached loss's value."""
+    from bertkit.data.tokenizer import BertTokenizer
+
+    base = tiny_encoder(tmp_path / "base")
+    tokenizer = BertTokenizer.from_pretrained(base)
+    settings = {"task": "embed", "model": str(base), "train": "t", "out_dir": "o", "max_length": 24}
+    cached = rt.RetrievalTrainConfig(**settings, loss="cached-mnrl", mini_batch_size=4)
+    model = biencoder.build(cached).eval()
+    rows = _rows()
+    with torch.no_grad():
+        plain = biencoder.loss(model, tokenizer, rows, rt.RetrievalTrainConfig(**settings), "cpu")
+        assert biencoder.loss(model, tokenizer, rows, cached, "cpu").item() == pytest.approx(plain.item(), rel=1e-6)
+    loss = biencoder.loss(model, tokenizer, rows, cached, "cpu")
+    with pytest.raises(RuntimeError, match=r"back-propagated with gradient 2.0, not 1: .*call backward on the loss"):
+        (2 * loss).backward()
+
+
 def test_cached_replay_draws_the_same_dropout(tmp_path):
     """In training mode each mini-batch's replay draws the dropout its first pass drew: the
     gradients equal those of the same mini-batches embedded with a graph from the same seed."""

@@ -15,7 +15,9 @@ The update is the one a single process makes with the whole batch, not an approx
 - A loss over the whole batch at once — in-batch negatives (embed, sparse) and SPLADE's FLOPS
   regulariser — gathers the embeddings of every rank with their gradients
   (`util.distributed.gather_with_grad`) and computes the global loss on every rank; its share is
-  loss / world_size.
+  loss / world_size. GradCache (`--loss cached-mnrl`, `train.retrieval.gradcache`) gathers the
+  embeddings it made without a graph the same way, then replays this rank's mini-batches, all but
+  the last before DDP arms its hooks, so DDP all-reduces once, after the last.
 - A batch with fewer rows than ranks (the short last batch of an epoch) runs whole on every rank
   (`Shard.replicated`), with the share loss / world_size.
 

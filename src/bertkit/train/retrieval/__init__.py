@@ -33,7 +33,7 @@ Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"
     common.py        the settings (`RetrievalTrainConfig`), the training pairs, one update
     biencoder.py     embed: the encoder, pooling, the loss call, sentence-transformers files
     losses.py        embed's losses, one table: mnrl, cached-mnrl, cosent, angle, margin-mse, kl; Matryoshka
-    gradcache.py     GradCache: a large batch's embeddings at one mini-batch's memory (cached-mnrl)
+    gradcache.py     GradCache: a large batch's loss at one mini-batch's memory (cached-mnrl; torchrun too)
     teacher.py       a cross-encoder teacher's scores of every training pair, cached in OUT_DIR
     mining.py        `bertkit mine-negatives`: hard negatives as sentence-transformers' mine_hard_negatives
     crossencoder.py  rerank: the one-logit head, mined negatives, the bce and listwise losses

@@ -91,35 +91,29 @@ def loss(model, tokenizer, rows: list[Pair], config: RetrievalTrainConfig, devic
     up to `hard_negatives` of each row's own negatives. group: under torchrun, the ranks whose
     rows make the global batch with these (sentence-transformers' gathered in-batch negatives,
     FlagEmbedding's negatives_cross_device): their embeddings join, with gradients, before the
-    loss, which is then the global batch's on every rank."""
+    loss, which is then the global batch's on every rank. A cached loss embeds by GradCache's
+    mini-batches (`gradcache.py`: the same value and gradients, one mini-batch's activations),
+    in one process as under torchrun."""
     candidates = [r.positive for r in rows]
     candidates += [n for r in rows for n in r.negatives[:config.hard_negatives]]
     q = encode(tokenizer, [r.query for r in rows], None, config.max_length, device)
     d = encode(tokenizer, candidates, None, config.max_length, device)
-    if group is not None and group.enabled and losses.EMBED_LOSSES[config.loss].cached:
-        # GradCache replays mini-batches inside backward, where DDP's gradient hooks would fire
-        # once per mini-batch; the gathered batch already makes the batch global.
-        raise ValueError("--loss cached-mnrl runs in one process; under torchrun use --loss mnrl, "
-                         "whose in-batch negatives are gathered from every process")
-    qv = pooled(model, q, config)  # (B, H)
-    dv = pooled(model, d, config)  # (C, H)
     targets = losses.targets(rows, config, device)  # None, (B,) or (B, 1 + K)
-    qv, dv = gather_in_batch(qv, dv, len(rows), group)  # (B_all, H), (C_all, H): every rank's rows
     if targets is not None and group is not None:
         targets = gather_with_grad(targets, group)  # every rank's rows, in the gathered order
-    return losses.embed_loss(qv, dv, targets, config)
 
+    def embed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A padded batch (each (b, T)) → (b, H) pooled embeddings."""
+        return pool_padded(model(**batch).last_hidden_state, batch["attention_mask"], config.pooling)
 
-def pooled(model, batch: dict[str, torch.Tensor], config: RetrievalTrainConfig) -> torch.Tensor:
-    """A padded batch (each (B, T)) → (B, H) pooled embeddings, by GradCache's mini-batches for
-    a cached loss (`gradcache.py`: the same values and gradients, one mini-batch's activations)."""
-    def embed(part: dict[str, torch.Tensor]) -> torch.Tensor:
-        return pool_padded(model(**part).last_hidden_state, part["attention_mask"], config.pooling)
+    def batch_loss(qv: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
+        """This rank's queries (B, H) and candidates (C, H) → the (global) batch's loss."""
+        qv, dv = gather_in_batch(qv, dv, len(rows), group)  # (B_all, H), (C_all, H): every rank's rows
+        return losses.embed_loss(qv, dv, targets, config)
 
     if losses.EMBED_LOSSES[config.loss].cached:
-        return gradcache.cached_embeddings(embed, batch, config.mini_batch_size)
-    return embed(batch)
-
+        return gradcache.cached_loss(embed, [q, d], batch_loss, config.mini_batch_size)
+    return batch_loss(embed(q), embed(d))
 
 
 def write_sentence_transformers_files(out: Path, hidden_size: int, pooling: str, max_length: int,

@@ -1,46 +1,111 @@
-"""Embeddings of a large batch at the memory of a small one: GradCache (Gao et al. 2021, "Scaling
-Deep Contrastive Learning Batch Size under Memory Limited Setup"), the method of
-sentence-transformers' CachedMultipleNegativesRankingLoss.
+"""A large batch's loss at the memory of a small one: GradCache (Gao et al. 2021, "Scaling Deep
+Contrastive Learning Batch Size under Memory Limited Setup"), the method of sentence-transformers'
+CachedMultipleNegativesRankingLoss.
 
-Forward: the batch is embedded mini-batch by mini-batch without a graph (each mini-batch's random
-state is kept, so dropout draws again what it drew). The loss is computed on the whole batch's
-embeddings as usual; its backward gives the gradient with respect to each embedding. Backward:
-each mini-batch is embedded again with a graph and back-propagated with its slice of that
-gradient, one at a time, so the encoder's activations are held for one mini-batch only. The
-parameters' gradients are those of the uncached loss (tests/test_losses.py checks it to 1e-5).
+One step (`cached_loss`):
+1. every batch is embedded mini-batch by mini-batch without a graph, each mini-batch's random
+   state kept, so that its replay draws again the dropout it drew;
+2. the loss is computed from those embeddings; under torchrun the loss function gathers every
+   rank's embeddings first (`train.parallel.gather_in_batch`), so it is the global batch's loss;
+3. its gradient with respect to this rank's embeddings: the only backward through the loss (the
+   gather's backward sums what every rank sends back, as in the uncached loss);
+4. each mini-batch is embedded again with a graph and back-propagated with its slice of that
+   gradient, so the encoder's activations are held for one mini-batch at a time.
 
-The embeddings come out of a `torch.autograd.Function`, so whatever sits between them and the
-loss (truncation, a gather across ranks) back-propagates into them as into any tensor; the
-replay is a backward inside the backward, as PyTorch's reentrant activation checkpointing does.
+Step 4 runs at once for every mini-batch but the last; the last one's graph joins the returned
+loss, so the caller's `loss.backward()` runs it. Under DistributedDataParallel this is GradCache's
+own recipe (`no_sync` for every mini-batch but the last, then one all-reduce): the step runs
+inside DDP's forward, before DDP arms its gradient hooks for the backward, so the early
+mini-batches' gradients add up locally, and the caller's backward, the last mini-batch's, fires
+each parameter's hook once and all-reduces the sum once. A replay inside the loss's backward
+(this module's earlier design, and sentence-transformers') would fire the armed hooks once per
+mini-batch, which DDP refuses.
+
+The parameters' gradients are those of the uncached loss: tests/test_losses.py checks it to 1e-5
+in one process, tests/test_finetune_ddp.py two processes against one.
+
+Where we differ from sentence-transformers on purpose: it replays every mini-batch from a hook on
+the loss, scaled by the gradient that reaches the loss; here all but the last mini-batch have been
+back-propagated with gradient 1 before the caller's backward, so the loss must be back-propagated
+as it is (as a training step does; the share and re-scaling of `train.parallel` multiply to 1).
+Any other gradient is refused with an error rather than giving wrong gradients.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 Batch = dict[str, torch.Tensor]
 
 
-def cached_embeddings(embed: Callable[[Batch], torch.Tensor], batch: Batch, mini_batch_size: int) -> torch.Tensor:
-    """`embed(batch)` (B, H) computed `mini_batch_size` rows at a time, its encoder graph rebuilt
-    one mini-batch at a time when the result is back-propagated.
+def cached_loss(embed: Callable[[Batch], torch.Tensor], batches: Sequence[Batch],
+                loss_of: Callable[..., torch.Tensor], mini_batch_size: int) -> torch.Tensor:
+    """`loss_of(embed(batches[0]), embed(batches[1]), ...)`, () float, with each embedding
+    (B_i, H) computed `mini_batch_size` rows at a time and the encoder's graph held for one
+    mini-batch at a time. With grad enabled, the parameters have received the gradients of every
+    mini-batch but the last when this returns; back-propagating the returned loss (gradient 1)
+    adds the last one's (see the module docstring).
 
-    batch: a padded batch (input_ids, token_type_ids, attention_mask, each (B, T), padding on the
-    right); each mini-batch drops the padding columns none of its rows needs, as
+    batches: padded batches (input_ids, token_type_ids, attention_mask, each (B_i, T_i), padding
+    on the right); each mini-batch drops the padding columns none of its rows needs, as
     sentence-transformers does, which changes no embedding.
     """
     if mini_batch_size < 1:
         raise ValueError(f"mini_batch_size must be a positive integer, got {mini_batch_size!r}; pass "
                          "--mini-batch-size 32 (sentence-transformers' default)")
-    size = batch["attention_mask"].shape[0]
-    chunks = [_rows(batch, start, min(start + mini_batch_size, size)) for start in range(0, size, mini_batch_size)]
-    # A Function's output asks for a gradient only when an input does; the encoder's parameters
-    # are not inputs here, so this empty leaf stands for them (as reentrant checkpointing does).
-    anchor = torch.empty(0, requires_grad=True)
-    return _Replay.apply(embed, chunks, anchor)
+    chunks = [[_rows(batch, start, min(start + mini_batch_size, len(batch["attention_mask"])))
+               for start in range(0, len(batch["attention_mask"]), mini_batch_size)] for batch in batches]
+    states: list[_RandomState] = []
+    embeddings = []
+    with torch.no_grad():  # step 1
+        for parts in chunks:
+            outputs = []
+            for part in parts:
+                states.append(_RandomState(part))
+                outputs.append(embed(part))  # (b, H)
+            embeddings.append(torch.cat(outputs))  # (B_i, H)
+    if not torch.is_grad_enabled():  # nothing to back-propagate (an evaluation)
+        return loss_of(*embeddings)
+    leaves = [e.requires_grad_() for e in embeddings]  # outputs of no_grad: leaves of the loss's graph
+    loss = loss_of(*leaves)  # step 2
+    # step 3, each (B_i, H); an embedding the loss does not read (no hard negatives) gets zeros
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True, materialize_grads=True)
+    replays = []
+    for parts, grad in zip(chunks, grads):
+        start = 0
+        for part in parts:
+            rows = len(part["attention_mask"])
+            replays.append((part, grad[start:start + rows]))  # (b, H)
+            start += rows
+    for (part, grad), state in zip(replays[:-1], states[:-1]):  # step 4: all but the last, now
+        out = _replay(embed, part, state)  # (b, H)
+        if out.requires_grad:  # a frozen encoder has nothing to replay into
+            torch.autograd.backward(out, grad)
+    (part, grad), state = replays[-1], states[-1]
+    out = _replay(embed, part, state)  # (b, H), its graph kept for the caller's backward
+    if not out.requires_grad:
+        return loss.detach()
+    surrogate = (out * grad).sum()  # () its gradient w.r.t. the parameters: the last mini-batch's share
+    joined = loss.detach() + (surrogate - surrogate.detach())  # the loss's value, the last graph
+    joined.register_hook(_as_is)
+    return joined
+
+
+def _as_is(grad: torch.Tensor) -> None:
+    """Refuse a backward that scales the loss: the earlier mini-batches were back-propagated with 1."""
+    if not bool((grad == 1).all()):
+        raise RuntimeError(f"a GradCache loss was back-propagated with gradient {grad.tolist()}, not 1: its "
+                           "earlier mini-batches were back-propagated with 1 when it was computed; call "
+                           "backward on the loss itself and scale inside the loss function instead")
+
+
+def _replay(embed: Callable[[Batch], torch.Tensor], part: Batch, state: _RandomState) -> torch.Tensor:
+    """`embed(part)` with its graph, drawing the random numbers its first pass drew."""
+    with torch.enable_grad(), state.replay():
+        return embed(part)
 
 
 def _rows(batch: Batch, start: int, end: int) -> Batch:
@@ -66,24 +131,3 @@ class _RandomState:
             for device, state in zip(self.devices, self.cuda):
                 torch.cuda.set_rng_state(state, device)
             yield
-
-
-class _Replay(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, embed, chunks, anchor):  # grad mode is off inside a Function's forward
-        ctx.embed, ctx.chunks, ctx.states = embed, chunks, []
-        outputs = []
-        for chunk in chunks:
-            ctx.states.append(_RandomState(chunk))
-            outputs.append(embed(chunk))  # (b, H)
-        return torch.cat(outputs)  # (B, H)
-
-    @staticmethod
-    def backward(ctx, grad):  # grad: (B, H), the loss's gradient with respect to each embedding
-        start = 0
-        for chunk, state in zip(ctx.chunks, ctx.states):
-            with torch.enable_grad(), state.replay():
-                out = ctx.embed(chunk)  # (b, H), as in the forward, now with its graph
-            torch.autograd.backward(out, grad[start:start + len(out)])
-            start += len(out)
-        return None, None, None
