@@ -20,8 +20,13 @@ The load clients (aiohttp, asyncio) run in this process and share the machine's 
 server under test: absolute numbers are lower than a separate load machine would see; the
 ratio between servers, measured in one run, is what to read. Last line: the speedup at 64
 clients (or the largest level run) over the best peer.
-`--soak MINUTES`: bertkit alone at 64 clients for that long; reports errors and resident memory
-at the start and the end (a bench mode, not a test).
+`--memory`: bertkit alone at 64 clients for --seconds, its resident memory (VmRSS) sampled every
+0.5 s: at rest after warm-up, peak and steady under load, after it; anonymous memory by kind
+(glibc's heaps, other mappings) from /proc/PID/smaps. `--server-env "K=V ..."` (repeatable) adds
+a server started with those variables (BERTKIT_MALLOC=default, MALLOC_ARENA_MAX=2, LD_PRELOAD=...)
+beside the default one, in the same run. `--soak MINUTES`: the same for MINUTES, a row a minute,
+and the growth from the first minute to the last. Last line: the default server's figures against
+the goal (steady ≤ 1.3× rest).
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,8 +274,13 @@ def main() -> None:
     p.add_argument("--precision", choices=sorted(INFINITY_DTYPES), default="fp32",
                    help="bertkit's --precision and infinity's --dtype (the sentence-transformers "
                    "endpoints stay fp32, as written by most users) (fp32)")
+    p.add_argument("--memory", action="store_true",
+                   help="bertkit alone at 64 clients for --seconds: resident memory at rest, under load, after")
     p.add_argument("--soak", type=float, default=None, metavar="MINUTES",
-                   help="bertkit alone at 64 clients for MINUTES: errors and resident memory")
+                   help="--memory for MINUTES, a row a minute, and the growth from the first minute to the last")
+    p.add_argument("--server-env", action="append", default=[], metavar='"K=V ..."',
+                   help="with --memory/--soak: one more bertkit server, started with these environment "
+                   "variables (repeatable; each is a server of its own)")
     p.add_argument("--peer-server", choices=["st-async", "st-sync"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -288,8 +300,8 @@ def main() -> None:
     print(f"MiniLM, one BBC sentence per request (mean {sum(lengths) / len(lengths):.1f} tokens), "
           f"{args.threads} torch threads per server, {os.cpu_count()} cores, load average {load1:.2f} "
           f"at the start; ≤ {args.requests} requests per client, ≤ {args.seconds:.0f} s per level")
-    if args.soak:
-        return soak(model, texts, lengths, args)
+    if args.memory or args.soak:
+        return memory(model, texts, lengths, args)
     chosen, notes = servers(model, args.threads, ["bertkit", *[x for x in args.peers.split(",") if x]],
                             args.infinity_python, args.precision)
     for note in notes:
@@ -324,31 +336,171 @@ def main() -> None:
           f"{ours.quantile(0.99):.0f} ms vs {best.quantile(0.99):.0f} ms)")
 
 
-def soak(model: Path, texts: list[str], lengths: list[int], args) -> None:
-    server, _ = servers(model, args.threads, ["bertkit"], precision=args.precision)
-    server = server[0]
+# ---------------------------------------------------------------------------------------------
+# resident memory (--memory, --soak)
+# ---------------------------------------------------------------------------------------------
+MEMORY_CLIENTS = 64
+SETTLE = 5.0  # seconds idle before "rest" and "after" are read: time for the server to give back
+GOAL = 1.3  # steady resident memory under load ≤ 1.3× the process at rest after warm-up
+HEAP_MAX = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: every heap of a non-main arena is one such
+# aligned reservation, so an anonymous mapping that starts on that alignment is an arena's heap
+
+
+def status_mib(pid: int) -> dict[str, float]:
+    """VmRSS (resident now), VmHWM (its peak so far), RssAnon, RssFile of a process, in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields
+
+
+def anonymous_parts(pid: int) -> dict[str, float]:
+    """Resident anonymous memory by where it lives, in MiB (/proc/PID/smaps): `heap` glibc's main
+    arena ([heap], grown by brk), `arenas` the heaps of its other arenas (one or more per arena,
+    made for threads that found the existing ones busy; `arena_heaps` counts them), `mmap` every
+    other anonymous mapping (blocks above the mmap threshold, thread stacks, Python's arenas)."""
+    parts = {"heap": 0.0, "arenas": 0.0, "mmap": 0.0, "arena_heaps": 0}
+    kind = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            path = head[5] if len(head) > 5 else ""
+            if path == "[heap]":
+                kind = "heap"
+            elif path:  # a file, the stack, vdso: not the allocator's
+                kind = None
+            elif start % HEAP_MAX == 0 and end - start <= HEAP_MAX and head[1].startswith("rw"):
+                kind = "arenas"
+                parts["arena_heaps"] += 1
+            else:
+                kind = "mmap"
+        elif head[0] == "Rss:" and kind is not None:
+            parts[kind] += int(head[1]) / 1024
+    return parts
+
+
+class Sampler:
+    """VmRSS of a process every `every` seconds, on a thread of its own: (seconds, MiB) pairs."""
+
+    def __init__(self, pid: int, every: float = 0.5):
+        self.pid, self.every = pid, every
+        self.samples: list[tuple[float, float]] = []
+        self.t0 = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                self.samples.append((self.now(), status_mib(self.pid)["VmRSS"]))
+            except (OSError, KeyError):  # the process is gone
+                return
+            self._done.wait(self.every)
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [rss for t, rss in self.samples if start <= t <= end]
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@dataclass
+class MemoryRun:
+    label: str
+    rest: dict  # status_mib and anonymous_parts at rest, after warm-up
+    under: dict  # anonymous_parts at the end of the load
+    after: dict  # status_mib once the load has stopped for SETTLE s
+    peak: float  # largest VmRSS sampled under load, MiB
+    steady: float  # median VmRSS over the second half of the load, MiB
+    minutes: list[float]  # median VmRSS of each minute of load, MiB
+    ok: int
+    seconds: float
+    errors: dict
+
+    def row(self) -> str:
+        rest, under = self.rest, self.under
+        return (f"{self.label:28} {rest['VmRSS']:>6.0f} {self.peak:>6.0f} {self.steady:>6.0f} "
+                f"{self.after['VmRSS']:>6.0f} {self.after['VmHWM']:>6.0f} {self.steady / rest['VmRSS']:>6.2f} "
+                f"{rest['heap']:>5.0f}/{under['heap']:<5.0f} {rest['arenas']:>4.0f}/{under['arenas']:<4.0f} "
+                f"{under['arena_heaps']:>3} {rest['mmap']:>4.0f}/{under['mmap']:<4.0f} "
+                f"{self.ok / self.seconds:>6.1f}  {', '.join(f'{k}: {v}' for k, v in self.errors.items()) or '-'}")
+
+
+MEMORY_HEADER = (f"{'server':28} {'rest':>6} {'peak':>6} {'steady':>6} {'after':>6} {'HWM':>6} {'ratio':>6} "
+                 f"{'heap':>11} {'arenas':>9} {'n':>3} {'mmap':>9} {'req/s':>6}  errors   (MiB; heap, arenas, "
+                 "mmap: anonymous, at rest/under load)")
+
+
+def measure_memory(server: Server, texts: list[str], lengths: list[int], seconds: float,
+                   per_minute: bool) -> MemoryRun:
+    """Start `server`, warm it up, then 64 clients for `seconds` while its VmRSS is sampled."""
     server.start(free_port())
+    pid = server.proc.pid
     try:
-        asyncio.run(load(server, texts[:50], lengths[:50], 4, 5, 30))
-        start_rss = server.rss_mib()
-        end = time.monotonic() + args.soak * 60
-        totals: dict = {}
-        first_minute_rss = None
-        while time.monotonic() < end:
-            level = asyncio.run(load(server, texts, lengths, 64, 100_000, min(60.0, end - time.monotonic())))
+        asyncio.run(load(server, texts[:50], lengths[:50], 4, 5, 30))  # every code path once
+        time.sleep(SETTLE)
+        rest = {**status_mib(pid), **anonymous_parts(pid)}
+        sampler = Sampler(pid)
+        end = time.monotonic() + seconds
+        ok, errors, load_seconds, minutes = 0, {}, 0.0, []
+        while time.monotonic() < end - 1:
+            started = sampler.now()
+            level = asyncio.run(load(server, texts, lengths, MEMORY_CLIENTS, 100_000,
+                                     min(60.0, end - time.monotonic())))
+            ok, load_seconds = ok + level.ok, load_seconds + level.seconds
             for k, v in level.statuses.items():
-                totals[k] = totals.get(k, 0) + v
-            first_minute_rss = first_minute_rss or server.rss_mib()
-            print(level.row(), f"rss {server.rss_mib():.0f} MiB", flush=True)
-        end_rss = server.rss_mib()
+                if k != 200:
+                    errors[k] = errors.get(k, 0) + v
+            minutes.append(statistics.median(sampler.between(started, sampler.now()) or [float("nan")]))
+            if per_minute:
+                print(level.row(), f"rss median {minutes[-1]:.0f} MiB, max "
+                      f"{max(sampler.between(started, sampler.now()), default=float('nan')):.0f}", flush=True)
+        stopped = sampler.now()
+        under = anonymous_parts(pid)
+        time.sleep(SETTLE)
+        after = status_mib(pid)
+        sampler.stop()
     finally:
         server.stop()
-    errors = {k: v for k, v in totals.items() if k != 200}
-    print(f"soak {args.soak:g} min at 64 clients: {totals.get(200, 0)} ok, errors {errors or 'none'}; "
-          f"resident memory {start_rss:.0f} → {end_rss:.0f} MiB ({(end_rss / start_rss - 1) * 100:+.1f}%; "
-          f"from the end of the first minute, {first_minute_rss:.0f} MiB: "
-          f"{(end_rss / first_minute_rss - 1) * 100:+.1f}%)")
+    loaded = sampler.between(0.0, stopped)
+    return MemoryRun(server.name, rest, under, after, max(loaded), statistics.median(loaded[len(loaded) // 2:]),
+                     minutes, ok, load_seconds, errors)
 
+
+def memory(model: Path, texts: list[str], lengths: list[int], args) -> None:
+    seconds = args.soak * 60 if args.soak else args.seconds
+    chosen = []
+    for env in ["", *args.server_env]:
+        server = servers(model, args.threads, ["bertkit"], precision=args.precision)[0][0]
+        server.env = dict(pair.split("=", 1) for pair in env.split())
+        server.name = env or f"bertkit serve {args.precision}"
+        chosen.append(server)
+    print(f"{MEMORY_CLIENTS} clients, {seconds:.0f} s per server, resident memory sampled every 0.5 s")
+    runs = []
+    for server in chosen:
+        if args.soak:
+            print(f"{server.name}:")
+        runs.append(measure_memory(server, texts, lengths, seconds, per_minute=bool(args.soak)))
+    print(MEMORY_HEADER)
+    for run in runs:
+        print(run.row())
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine lowers req/s, not memory)")
+    ours = runs[0]
+    ratio = ours.steady / ours.rest["VmRSS"]
+    growth = (f"; growth over the soak {(ours.minutes[-1] / ours.minutes[0] - 1) * 100:+.1f}% (minute medians "
+              f"{ours.minutes[0]:.0f} → {ours.minutes[-1]:.0f} MiB)" if args.soak and len(ours.minutes) > 1 else "")
+    print(f"memory at {MEMORY_CLIENTS} clients ({ours.label}): rest {ours.rest['VmRSS']:.0f} MiB, peak "
+          f"{ours.peak:.0f}, steady {ours.steady:.0f}, after {ours.after['VmRSS']:.0f}; steady/rest {ratio:.2f}× "
+          f"(goal ≤ {GOAL}×: {'met' if ratio <= GOAL else 'missed'}), peak/rest "
+          f"{ours.peak / ours.rest['VmRSS']:.2f}×{growth}; {ours.ok} ok, errors {ours.errors or 'none'}")
 
 if __name__ == "__main__":
     main()

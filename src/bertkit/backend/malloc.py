@@ -11,8 +11,9 @@ Allocators such as jemalloc or tcmalloc, preloaded, do the same; this needs no p
 
 The setting is process-wide, so the engine applies it once, on the CPU, where the C library is
 glibc; BERTKIT_MALLOC=default leaves malloc as it is. A long-lived server still gives memory
-back: its model thread calls malloc_trim every few seconds (`serve/scheduler.py`), which frees
-what the thresholds keep, so resident memory follows the load rather than its peak.
+back: its model thread calls malloc_trim every few seconds under load and once when it falls idle
+(`serve/scheduler.py`), which frees what the thresholds keep, so resident memory follows the load
+rather than its peak.
 """
 
 from __future__ import annotations
