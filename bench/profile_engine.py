@@ -152,8 +152,8 @@ def instrument(engine, stages: Stages) -> None:
         return packed
     packing.Packed.from_lengths = classmethod(counted)
     stages.wrap(model.Embeddings, "forward_packed", "embeddings")
+    # every encoder Linear goes through fused.linear (an Int8Linear runs its own forward inside it)
     stages.wrap(fused, "linear", lambda module, *_: names.get(id(module), "other Linear"))
-    stages.wrap(int8.Int8Linear, "forward", lambda module, *_: names.get(id(module), "other Linear"))
     stages.wrap(packing.Packed, "attend", "attention")
     stages.wrap(model.EncoderLayer, "feed_forward", "after attention")
     stages.wrap(int8.Int8EncoderLayer, "feed_forward", "after attention")
