@@ -12,7 +12,9 @@ step that runs past `--timeout` seconds is reported as such. The last line is th
 mnrl's added peak to cached-mnrl's at the largest batch both finished, then cached-mnrl's goal:
 its added peak at the largest batch within 1.2x of that at the smallest (GradCache holds one
 mini-batch's activations whatever the batch). --out writes every row as JSON (bench/embed_training.py
-reads it). Other work on the machine changes the seconds, not the memory.
+reads it). THREADS=N in the environment sets the step's torch threads (2): on a machine loaded
+far beyond its cores, one thread ran the step 5x faster than two. Other work on the machine changes
+the seconds, not the memory.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def main() -> None:
         parser.error(f"--losses {args.losses!r}: pick among {', '.join(LOSSES)}")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     print(f"# all-MiniLM-L6-v2, {args.max_length} pieces, mini-batch {args.mini_batch_size}, "
-          f"load {os.getloadavg()[0]:.2f}")
+          f"{os.environ.get('THREADS', '2')} threads, load {os.getloadavg()[0]:.2f}")
     print(f"{'batch':>6} {'loss':>12} {'added peak MiB':>15} {'peak MiB':>9} {'seconds':>8}")
     results: dict[tuple[str, int], dict] = {}
     for batch in map(int, args.batches.split(",")):
@@ -120,6 +122,7 @@ def main() -> None:
         print(f"mnrl / cached-mnrl added peak at batch {b}: {plain / max(cached, 1e-9):.2f}x")
     goal = cached_goal(results)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"load": os.getloadavg()[0], "max_length": args.max_length,
                                         "mini_batch_size": args.mini_batch_size, "rows": list(results.values()),
                                         "goal": goal}, indent=1), encoding="utf-8")

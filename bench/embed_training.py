@@ -114,7 +114,7 @@ def bertkit(*args: Any, env: dict[str, str] | None = None, launcher: list[str] |
 def write_json(path: Path, value: Any) -> None:
     """Written whole or not at all: a stopped run never leaves half a result to be skipped."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(".part")
+    part = path.with_suffix(f".{os.getpid()}.part")  # two runs of other goals may write at once
     part.write_text(json.dumps(value, indent=1, ensure_ascii=False), encoding="utf-8")
     part.replace(path)
 
@@ -388,14 +388,16 @@ def main() -> None:
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     summary_path = args.work / "results.json"
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
     print(f"# {Sizes.of(args).tag}, eval {args.eval_docs or 'all'} documents, load {load()}", flush=True)
     for goal in args.goals:
         tick = time.perf_counter()
-        summary[goal] = {**RUNS[goal](args.work, args), "sizes": Sizes.of(args).tag, "eval_docs": args.eval_docs,
-                         "minutes": round((time.perf_counter() - tick) / 60, 1), "load_after": load()}
-        write_json(summary_path, summary)
-        print(summary[goal]["line"], flush=True)
+        found = {**RUNS[goal](args.work, args), "sizes": Sizes.of(args).tag, "eval_docs": args.eval_docs,
+                 "minutes": round((time.perf_counter() - tick) / 60, 1), "load_after": load()}
+        # Read again before writing: a run of other goals may share the file.
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        write_json(summary_path, {**summary, goal: found})
+        print(found["line"], flush=True)
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
     print("goals: " + "; ".join(summary[g]["line"] if g in summary else f"{g}: not run" for g in GOALS))
 
 
