@@ -57,15 +57,14 @@ def checkpoint(family: str, out: Path, spm: Path, kind: str = "Model") -> Path:
     labels = {"num_labels": 3} if kind in ("ForSequenceClassification", "ForTokenClassification") else {}
     if family == "bert":
         return make_bert(out, kind, **labels)
-    if family == "modernbert":  # two layers: a global one and a local one (the export's time grows with depth)
-        return make_modernbert(out, kind, num_hidden_layers=2, **labels)
+    if family == "modernbert":
+        return make_modernbert(out, kind, **labels)
     if family.startswith("deberta"):
         from test_family_deberta import hf_config
 
         vocab = len(transformers.AutoTokenizer.from_pretrained(spm))
         torch.manual_seed(0)
-        # two layers: v2's convolution sits in the first, v3's shared projections serve both
-        config = hf_config(family.removeprefix("deberta-"), vocab_size=vocab, num_hidden_layers=2, **labels)
+        config = hf_config(family.removeprefix("deberta-"), vocab_size=vocab, **labels)
         getattr(transformers, "DebertaV2" + kind)(config).eval().save_pretrained(out)
         for name in ("spm.model", "tokenizer_config.json"):
             (out / name).write_bytes((spm / name).read_bytes())
@@ -126,7 +125,7 @@ def test_export_equals_transformers_and_the_engine(family, kind, format, spm, tm
 def test_modernbert_export_keeps_the_window_past_the_traced_length(tmp_path):
     """A 128-token window, as released ModernBERTs have, is wider than the batch the export traces
     (64 tokens at most): the band must still be in the graph for a longer input."""
-    directory = make_modernbert(tmp_path / "model", "Model", local_attention=128, num_hidden_layers=2)  # global, local
+    directory = make_modernbert(tmp_path / "model", "Model", local_attention=128)
     report = export(directory, tmp_path / "out", format="onnx")
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     encoded = tokenizer([" ".join(TEXTS * 12), TEXTS[0]], padding=True, return_tensors="np")
