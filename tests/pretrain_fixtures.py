@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,9 +96,17 @@ def cli_env(threads: int = 1) -> dict[str, str]:
     return env
 
 
+def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run(cli_command(*args), env=cli_env(), capture_output=True, text=True,
+                            timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"bertkit {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
 def call_cli(*args: str, check: bool = True) -> SimpleNamespace:
     """`bertkit ARGS` in this process: the same parser, error boundary and exit status as
-    `python -m bertkit.cli ARGS` (`cli_command`), without an interpreter start-up (seconds on a
+    `run_cli`'s `python -m bertkit.cli ARGS`, without an interpreter start-up (seconds on a
     busy machine). Returns (returncode, stdout, stderr), stderr holding the INFO log lines the
     command's own handler would print. For tests whose claim is about a run's results, not about
     the process (a kill needs a process of its own)."""

@@ -12,7 +12,7 @@ import pytest
 
 from bertkit.train import state
 
-from pretrain_fixtures import call_cli, cli_env, make_data, one_thread, train_losses, write_model_config  # noqa: F401
+from pretrain_fixtures import cli_command, cli_env, make_data, one_thread, train_losses, write_model_config  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,7 +51,8 @@ def torchrun(*cli_args: str) -> subprocess.CompletedProcess:
 def test_two_processes_match_one(inputs, tmp_path):
     data_dir, model_json = inputs
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    call_cli(*args(data_dir, model_json, single))  # one process: this one, on one thread
+    subprocess.run(cli_command(*args(data_dir, model_json, single)), env=cli_env(), check=True,
+                   capture_output=True, timeout=120)
     result = torchrun(*args(data_dir, model_json, ddp))
     assert "(2 processes × 1 micro-batches)" in result.stderr
 

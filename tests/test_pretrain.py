@@ -15,7 +15,7 @@ from bertkit.train import state
 from bertkit.train.pretrain import PretrainConfig, Trainer, TrainingDiverged, pretrain
 from bertkit.util.distributed import DistInfo
 
-from pretrain_fixtures import call_cli, make_data, one_thread, train_losses, write_model_config  # noqa: F401
+from pretrain_fixtures import make_data, one_thread, run_cli, train_losses, write_model_config  # noqa: F401
 
 SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
 
@@ -262,16 +262,16 @@ def test_bad_settings(data_dir, model_json, tmp_path, change, message):
 # ------------------------------------------------------------------------------ command line
 def test_cli_pretrain_and_plot(data_dir, model_json, tmp_path, capsys):
     run_dir = tmp_path / "cli-run"
-    # In-process: the same parser, error boundary and summary line, no interpreter start-up.
-    result = call_cli("pretrain", "--data", str(data_dir), "--out", str(run_dir), "--model",
-                      str(model_json), "--max-steps", "4", "--batch-size", "8", "--log-every", "2",
-                      "--eval-every", "4", "--eval-batches", "1", "--no-progress",
-                      "--model-arg", "hidden_dropout_prob=0.05")
+    result = run_cli("pretrain", "--data", str(data_dir), "--out", str(run_dir), "--model",
+                     str(model_json), "--max-steps", "4", "--batch-size", "8", "--log-every", "2",
+                     "--eval-every", "4", "--eval-batches", "1", "--no-progress",
+                     "--model-arg", "hidden_dropout_prob=0.05")
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 4
     assert json.loads((run_dir / "pretrain_config.json").read_text())["model_overrides"] == {
         "hidden_dropout_prob": 0.05}
     assert json.loads((run_dir / "model" / "config.json").read_text())["hidden_dropout_prob"] == 0.05
+    # The other commands in-process: same parser and error handling, no interpreter start-up.
     from bertkit.cli import main
 
     assert main(["plot", str(run_dir)]) == 0
