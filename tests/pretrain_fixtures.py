@@ -7,12 +7,16 @@ goes through the real pipeline: `train_tokenizer` → `prepare`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -97,6 +101,32 @@ def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
                             timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"bertkit {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+def call_cli(*args: str, check: bool = True) -> SimpleNamespace:
+    """`bertkit ARGS` in this process: the same parser, error boundary and exit status as
+    `run_cli`'s `python -m bertkit.cli ARGS`, without an interpreter start-up (seconds on a
+    busy machine). Returns (returncode, stdout, stderr), stderr holding the INFO log lines the
+    command's own handler would print. For tests whose claim is about a run's results, not about
+    the process (a kill needs a process of its own)."""
+    from bertkit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)  # the command's basicConfig does nothing where handlers exist
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(list(args))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    result = SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
+    if check and status != 0:
+        raise AssertionError(f"bertkit {' '.join(args)} failed ({status}):\n{result.stderr}")
     return result
 
 

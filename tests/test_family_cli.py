@@ -88,21 +88,6 @@ def test_finetune_then_predict_match_transformers(family, checkpoints, tmp_path)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_qa_and_ner_uses_take_every_family(family, tmp_path):
-    """The engine's other uses over transformers heads of each family: answers and tags come back
-    (BERT-style pair windows included: RoBERTa ignores their segment ids)."""
-    from bertkit.inference import ner, qa
-
-    qa_dir = make_checkpoint(family, tmp_path / "qa", kind="ForQuestionAnswering")
-    answers = qa(qa_dir, ["What is the capital?"], ["Paris is the capital of France."], max_seq_length=64,
-                 doc_stride=16, max_question_length=16)
-    assert len(answers) == 1 and answers[0] and answers[0][0]["text"]
-    ner_dir = make_checkpoint(family, tmp_path / "ner", kind="ForTokenClassification", num_labels=3,
-                              id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})
-    assert len(ner(ner_dir, ["Paris is the capital of France."])) == 1
-
-
-@pytest.mark.parametrize("family", FAMILIES)
 def test_qa_windows_lay_out_as_the_tokenizers_own_pairs(family, checkpoints):
     """A window holding the whole passage is the family tokenizer's pair encoding, as transformers
     feeds its QA models (RoBERTa: `<s> q </s></s> passage </s>`, one segment)."""
@@ -153,7 +138,11 @@ def test_electra_discriminator_directory_shows_and_embeds(tmp_path, capsys):
 def test_commands_run_each_head_of_the_family(family, checkpoints, tmp_path, capsys):
     """`bertkit classify`, `ner`, `qa`, `embed` and `fill-mask` on transformers-made heads of the
     family: each answers, and classify's probabilities equal transformers' on the same files (embed's
-    vectors are compared with transformers' by `test_embed_equals_transformers_mean_pooling`)."""
+    vectors are compared with transformers' by `test_embed_equals_transformers_mean_pooling`). The
+    library's `qa` and `ner` over the same heads answer too (BERT-style pair windows included:
+    RoBERTa ignores their segment ids)."""
+    from bertkit.inference import ner, qa
+
     text = "Paris is the capital of France."
     classifier = make_checkpoint(family, tmp_path / "cls", kind="ForSequenceClassification", num_labels=3,
                                  id2label={0: "neg", 1: "neu", 2: "pos"})
@@ -168,9 +157,12 @@ def test_commands_run_each_head_of_the_family(family, checkpoints, tmp_path, cap
                              id2label={0: "O", 1: "B-LOC", 2: "I-LOC"})
     assert main(["ner", str(tagger), "--json", text]) == 0
     assert "entities" in json.loads(capsys.readouterr().out)
+    assert len(ner(tagger, [text])) == 1
     reader = make_checkpoint(family, tmp_path / "qa", kind="ForQuestionAnswering")
     assert main(["qa", str(reader), "--json", "--question", "What is the capital?", "--context", text]) == 0
     assert json.loads(capsys.readouterr().out)["answers"]
+    answers = qa(reader, ["What is the capital?"], [text], max_seq_length=64, doc_stride=16, max_question_length=16)
+    assert len(answers) == 1 and answers[0] and answers[0][0]["text"]
     assert main(["embed", str(classifier), "--json", *TEXTS]) == 0
     vectors = [json.loads(line)["embedding"] for line in capsys.readouterr().out.splitlines()]
     assert len(vectors) == len(TEXTS)

@@ -17,7 +17,7 @@ from bertkit.train import state
 from bertkit.train.finetune import loop
 
 from finetune_fixtures import sentiment_file
-from pretrain_fixtures import cli_command, cli_env, one_thread, run_cli  # noqa: F401
+from pretrain_fixtures import call_cli, cli_command, cli_env, one_thread  # noqa: F401
 from sigkill import kill_when
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -64,7 +64,9 @@ def epochs_of(out: Path) -> list[dict]:
 
 def test_sigkill_then_resume_repeats_the_uninterrupted_losses(inputs, tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    run_cli(*run_args(inputs, reference))
+    # Every run but the killed one in this process (one thread, as the killed one): only the kill
+    # needs a process of its own, and what it leaves on disk is all the resume can read.
+    call_cli(*run_args(inputs, reference))
     assert not (reference / "checkpoints").exists()  # a finished run leaves no training state
 
     # Kill the same run mid-epoch 2, past the training states at steps 7, 14, 20 (epoch end), 21.
@@ -78,9 +80,9 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_losses(inputs, tmp_path):
     assert eval_json.get("status") != "done"
 
     # Without --resume the directory is refused; with it the run continues.
-    refused = run_cli(*run_args(inputs, interrupted), check=False)
+    refused = call_cli(*run_args(inputs, interrupted), check=False)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
-    result = run_cli(*run_args(inputs, interrupted), "--resume")
+    result = call_cli(*run_args(inputs, interrupted), "--resume")
     assert f"resuming from {interrupted / 'checkpoints' / f'step-{saved[0]}'}" in result.stderr
 
     expected, got = steps_of(reference), steps_of(interrupted)

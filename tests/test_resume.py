@@ -12,7 +12,7 @@ import pytest
 from bertkit.train import state
 from bertkit.train.pretrain import PretrainConfig, pretrain
 
-from pretrain_fixtures import cli_command, cli_env, make_data, one_thread, run_cli, write_model_config  # noqa: F401
+from pretrain_fixtures import call_cli, cli_command, cli_env, make_data, one_thread, write_model_config  # noqa: F401
 from sigkill import kill_when
 
 STEPS, SAVE_EVERY = 40, 10
@@ -52,7 +52,9 @@ def last_logged_step(run_dir: Path) -> int:
 def test_sigkill_then_resume_repeats_the_uninterrupted_losses(inputs, tmp_path):
     data_dir, model_json = inputs
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    run_cli(*run_args(data_dir, model_json, reference))
+    # The reference and the resumed run in this process (one thread, as the killed one): only the
+    # kill needs a process of its own, and what it leaves on disk is all the resume can read.
+    call_cli(*run_args(data_dir, model_json, reference))
 
     # Start the same run and SIGKILL it (its whole process group: the DataLoader worker too) once
     # it is past its first checkpoint.
@@ -67,7 +69,7 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_losses(inputs, tmp_path):
     partial.mkdir(exist_ok=True)
     (partial / "model.safetensors").write_bytes(b"torn")
 
-    result = run_cli(*run_args(data_dir, model_json, interrupted), "--resume")
+    result = call_cli(*run_args(data_dir, model_json, interrupted), "--resume")
     assert f"resuming from {interrupted / 'checkpoints' / f'step-{max(saved)}'}" in result.stderr
     assert not partial.exists()
 
