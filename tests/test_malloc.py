@@ -42,3 +42,19 @@ def test_an_engine_reuses_its_batch_buffers(minilm_dir):
     assert applied and not control_applied
     assert default > 20_000, f"the control faulted only {default} pages: the probe measures nothing"
     assert tuned < default / 5, f"{tuned} page faults with the setting, {default} without"
+
+
+def test_an_engine_caps_the_shape_keyed_op_caches_unless_the_environment_sets_them(minilm_dir, monkeypatch):
+    """oneDNN's primitive cache and PyTorch's LRU cache keep an entry per batch shape; the engine
+    caps both at 64 (a served process stays flat across request lengths), a user's value wins."""
+    from bertkit.backend.malloc import OP_CACHE_CAPACITY
+    from bertkit.inference import Engine
+
+    for name in OP_CACHE_CAPACITY:
+        monkeypatch.delenv(name, raising=False)
+    Engine.load(minilm_dir)
+    assert {name: os.environ.get(name) for name in OP_CACHE_CAPACITY} == OP_CACHE_CAPACITY
+    assert set(OP_CACHE_CAPACITY.values()) == {"64"}
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "8")
+    Engine.load(minilm_dir)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "8"

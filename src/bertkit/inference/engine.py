@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from bertkit.backend.malloc import keep_freed_memory
+from bertkit.backend.malloc import bound_op_caches, keep_freed_memory
 from bertkit.constants import ENGINE_PRECISIONS
 from bertkit.data.formats.common import WordPieces
 from bertkit.data.tokenizer import BertTokenizer
@@ -211,6 +211,7 @@ class Engine:
         self.device = _device(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()  # batch buffers reused, not page-faulted in anew each layer (bertkit.backend.malloc)
+            bound_op_caches()  # shape-keyed oneDNN caches capped: memory stays flat across batch shapes
         self.config = self.model.config
         limit = self.config.max_position_embeddings
         if self.max_length is None:
