@@ -199,17 +199,21 @@ def prefix_encoder(base: Any, dim: int, cache: dict) -> Any:
 
 
 def scores(work: Path, label: str, model: Path, name: str, args: argparse.Namespace,
-           dims: tuple[int, ...] = ()) -> dict[str, Any]:
+           dims: tuple[int, ...] = (), first_stage: Path | None = None) -> dict[str, Any]:
     """nDCG@10 and MRR@10 of `model` on `name`'s test split by `bertkit.evaluate` (and nDCG@10 at
-    each of `dims`), read from WORK/results/ when scored already."""
-    path = work / "results" / f"{label}.{name}.l{args.max_length}-d{args.eval_docs}-q{args.eval_queries}.json"
+    each of `dims`), read from WORK/results/ when scored already. first_stage: a bi-encoder whose
+    top 100 a cross-encoder `model` reranks (scored in a file of its own)."""
+    stage = f"-over-{first_stage.name}" if first_stage is not None else ""
+    path = (work / "results"
+            / f"{label}{stage}.{name}.l{args.max_length}-d{args.eval_docs}-q{args.eval_queries}.json")
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
     from bertkit import evaluate
 
     beir = beir_dir(work, name, args.eval_docs, args.eval_queries)
     tick = time.perf_counter()
-    found = evaluate(model, beir=beir, max_length=args.max_length)
+    found = evaluate(model, beir=beir, max_length=args.max_length,
+                     **({"first_stage": str(first_stage)} if first_stage is not None else {}))
     out = {"model": label, "set": name, "ndcg@10": round(found["scores"]["ndcg@10"], 4),
            "mrr@10": round(found["scores"]["mrr@10"], 4), "queries": found["queries"],
            "documents": found["documents"]}
@@ -323,11 +327,16 @@ def distill(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     baseline = plain_model(work, sizes)
     plain = scores(work, baseline.name, baseline, DEEP, args)
     taught = scores(work, student.name, student, DEEP, args)
+    # The teacher reranking the plain model's top 100: a teacher no better than that gives the
+    # student nothing to learn, whatever the loss.
+    judged = scores(work, teacher.name, teacher, DEEP, args, first_stage=baseline)
     gain = points(taught["ndcg@10"], plain["ndcg@10"])
     met = gain >= DISTILL_GAIN
-    return {"plain": plain, "student": taught, "teacher": teacher.name, "gain": gain, "met": met,
+    return {"plain": plain, "student": taught, "teacher": teacher.name, "teacher_scores": judged, "gain": gain,
+            "met": met,
             "line": f"{args.distill_loss} from the reranker over plain mnrl: nDCG@10 {taught['ndcg@10']:.3f} vs "
-                    f"{plain['ndcg@10']:.3f}, {gain:+.1f} points ({'met' if met else 'not met'})"}
+                    f"{plain['ndcg@10']:.3f}, {gain:+.1f} points ({'met' if met else 'not met'}; the teacher "
+                    f"reranking plain mnrl's top 100: {judged['ndcg@10']:.3f})"}
 
 
 def processes(work: Path, args: argparse.Namespace) -> dict[str, Any]:
