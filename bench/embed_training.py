@@ -199,20 +199,22 @@ def prefix_encoder(base: Any, dim: int, cache: dict) -> Any:
 
 
 def scores(work: Path, label: str, model: Path, name: str, args: argparse.Namespace,
-           dims: tuple[int, ...] = (), first_stage: Path | None = None) -> dict[str, Any]:
+           dims: tuple[int, ...] = (), first_stage: Path | None = None, length: int = 0) -> dict[str, Any]:
     """nDCG@10 and MRR@10 of `model` on `name`'s test split by `bertkit.evaluate` (and nDCG@10 at
     each of `dims`), read from WORK/results/ when scored already. first_stage: a bi-encoder whose
-    top 100 a cross-encoder `model` reranks (scored in a file of its own)."""
+    top 100 a cross-encoder `model` reranks (scored in a file of its own); length: pieces per
+    input (0: --max-length)."""
+    length = length or args.max_length
     stage = f"-over-{first_stage.name}" if first_stage is not None else ""
     path = (work / "results"
-            / f"{label}{stage}.{name}.l{args.max_length}-d{args.eval_docs}-q{args.eval_queries}.json")
+            / f"{label}{stage}.{name}.l{length}-d{args.eval_docs}-q{args.eval_queries}.json")
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
     from bertkit import evaluate
 
     beir = beir_dir(work, name, args.eval_docs, args.eval_queries)
     tick = time.perf_counter()
-    found = evaluate(model, beir=beir, max_length=args.max_length,
+    found = evaluate(model, beir=beir, max_length=length,
                      **({"first_stage": str(first_stage)} if first_stage is not None else {}))
     out = {"model": label, "set": name, "ndcg@10": round(found["scores"]["ndcg@10"], 4),
            "mrr@10": round(found["scores"]["mrr@10"], 4), "queries": found["queries"],
@@ -223,7 +225,7 @@ def scores(work: Path, label: str, model: Path, name: str, args: argparse.Namesp
         from bertkit.evaluation.retrieval import dense_run, score_run
 
         data, cache = read_beir(beir, "test"), {}
-        base = TextEncoder.load(model, max_length=args.max_length)
+        base = TextEncoder.load(model, max_length=length)
         out["dims"] = {str(d): round(score_run(dense_run(prefix_encoder(base, d, cache), data), data)["ndcg@10"], 4)
                        for d in dims}
     out["seconds"], out["load"] = round(time.perf_counter() - tick, 1), load()
@@ -329,7 +331,7 @@ def distill(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     taught = scores(work, student.name, student, DEEP, args)
     # The teacher reranking the plain model's top 100: a teacher no better than that gives the
     # student nothing to learn, whatever the loss.
-    judged = scores(work, teacher.name, teacher, DEEP, args, first_stage=baseline)
+    judged = scores(work, teacher.name, teacher, DEEP, args, first_stage=baseline, length=teacher_sizes.max_length)
     gain = points(taught["ndcg@10"], plain["ndcg@10"])
     met = gain >= DISTILL_GAIN
     return {"plain": plain, "student": taught, "teacher": teacher.name, "teacher_scores": judged, "gain": gain,
