@@ -23,6 +23,7 @@ import ctypes
 import importlib.resources
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -31,16 +32,16 @@ import torch
 from bertkit.inference import embed
 from bertkit.inference.engine import Engine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import status_mib  # noqa: E402
+
 WORDS = "the quick brown fox jumps over a lazy dog while news of the market moved prices".split()
 SETTINGS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY", "BERTKIT_ONEDNN", "BERTKIT_MALLOC")
 
 
 def rss_mib() -> int:
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) // 1024
-    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+    """This process's resident memory, in whole MiB (bench/serve.py's reader of /proc)."""
+    return int(status_mib(os.getpid())["VmRSS"])
 
 
 def main() -> None:
