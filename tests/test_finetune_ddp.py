@@ -218,41 +218,41 @@ def step_gradients(model_dir: Path, train: Path, loss: str, info: DistInfo) -> t
     return float(value.detach()), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _rank_step(rank: int, world: int, model_dir: Path, train: Path, store: Path, out: Path) -> None:
-    """`step_gradients` of cached-mnrl on rank `rank` of `world` gloo processes; rank 0 saves them."""
-    import torch.distributed as dist
-
-    from bertkit.util.distributed import init_distributed
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
-    try:
-        result = step_gradients(model_dir, train, "cached-mnrl", init_distributed("cpu"))
-        if rank == 0:
-            torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
-
-
 def test_cached_mnrl_gradients_of_two_processes_are_one_process_gradients(tmp_path):
     """The gradients themselves, not only the weights: Adam's update is the same for any uniform
     scale of the gradient, so a share counted twice or not at all (a rank's embeddings' gradient
     taken once where DDP's mean needs it world_size times) leaves the weights of a run unchanged.
-    One cached-mnrl step on 2 gloo processes (3 rows each, mini-batches of 2) leaves on rank 0
-    the gradients one process's plain mnrl computes on the whole batch."""
-    import torch.multiprocessing as mp
-
+    One cached-mnrl step on 2 gloo processes under torchrun (3 rows each, mini-batches of 2) leaves
+    on rank 0 the gradients one process's plain mnrl computes on the whole batch. The ranks run
+    this file as a script (`rank_step` below), started by torchrun as a user's run is."""
     model = tiny_model(tmp_path / "model", "encoder")
     train = pairs_file(tmp_path / "train.jsonl", 6, 1)
     out = tmp_path / "rank0.pt"
-    mp.spawn(_rank_step, args=(2, model, train, tmp_path / "store", out), nprocs=2)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               __file__, str(model), str(train), str(out)]
+    result = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, worker_error(result.stderr)
     loss_two, two = torch.load(out)
     loss_one, one = step_gradients(model, train, "mnrl", info(0, 1))
     assert loss_two == pytest.approx(loss_one, abs=TOLERANCE)
     assert two.keys() == one.keys() and len(one) > 10
     assert max(float((two[n] - one[n]).abs().max()) for n in one) <= TOLERANCE
     assert max(float(g.abs().max()) for g in one.values()) > 1e-2  # the comparison is not of zeros
+
+
+def rank_step(model_dir: Path, train: Path, out: Path) -> None:
+    """`step_gradients` of cached-mnrl on this torchrun rank; rank 0 saves the loss and gradients."""
+    from bertkit.util.distributed import init_distributed, leave_together, shutdown
+
+    torch.set_num_threads(1)
+    dist = init_distributed("cpu")
+    try:
+        result = step_gradients(model_dir, train, "cached-mnrl", dist)
+        if dist.rank == 0:
+            torch.save(result, out)
+        leave_together(dist)  # as `run_finetune` does (its docstring says why)
+    finally:
+        shutdown(dist)
 
 
 def test_classify_two_processes_killed_and_resumed_match_one(tmp_path):
@@ -410,3 +410,7 @@ def test_cosent_two_processes_match_one(tmp_path):
             "--batch-size", "4", "--epochs", "1", "--lr", "0.001", "--max-length", "12", "--mine", "none",
             "--no-progress"]
     assert_same_run(*one_and_two(tmp_path, args))
+
+
+if __name__ == "__main__":  # a torchrun rank of test_cached_mnrl_gradients_of_two_processes_are_one_process_gradients
+    rank_step(*map(Path, sys.argv[1:4]))

@@ -162,9 +162,7 @@ def run_finetune(config: Settings) -> dict[str, Any]:
     info = distributed.init_distributed(settings.device)
     try:
         summary = row.trainer(settings)
-        # All ranks leave together: a rank that tears the group down while rank 0 still writes
-        # its last files can abort gloo (as pre-training found).
-        distributed.barrier(info)
+        distributed.leave_together(info)  # not before rank 0 has written its last files
         return summary
     finally:
         distributed.shutdown(info)

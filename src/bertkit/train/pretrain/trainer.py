@@ -536,10 +536,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     info = distributed.init_distributed(config.device)
     try:
         summary = Trainer(config, info).run()
-        # All ranks leave together: a rank that tore its process group down while rank 0 was still
-        # writing the final files aborted now and then in gloo ("terminate called without an
-        # active exception", SIGABRT; about 1 run in 7 of tests/test_ddp.py's resume).
-        distributed.barrier(info)
+        distributed.leave_together(info)  # not before rank 0 has written its last files
         return summary
     finally:
         distributed.shutdown(info)
