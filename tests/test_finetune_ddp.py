@@ -2,10 +2,10 @@
 with the same global batch: per-step losses and final weights agree to 1e-5, for a labelled task
 (classify), the bi-encoder (embed: in-batch negatives gathered across ranks; also by GradCache,
 cached-mnrl, whose gradients are compared too), the cross-encoder (rerank) and SPLADE (sparse:
-gathered negatives and FLOPS), and after a SIGKILL and --resume; QA (a softmax over padded
-positions) too, its start and end biases aside (`test_qa_two_processes_match_one` says why). The
-per-rank batches and shares of NER (a mean over labelled tokens) and QA are also checked in this
-process.
+gathered negatives and FLOPS), and after a SIGKILL and --resume; NER (a mean over labelled
+tokens) and QA (a softmax over padded positions) too, QA's start and end biases aside
+(`test_qa_two_processes_match_one` says why). The per-rank batches and shares of NER and QA are
+also checked in this process.
 
 Dropout is off in every model: the two ranks draw their own dropout masks, which cannot match
 one process's. Batch sizes and row counts are chosen so that batches split unevenly (3 rows on 2
@@ -315,6 +315,24 @@ def test_qa_two_processes_match_one(tmp_path):
     args = ["--task", "qa", "--model", str(model), "--train", str(train), "--batch-size", "4", "--epochs", "2",
             "--lr", "0.001", "--max-length", "32", "--doc-stride", "16", "--precision", "fp32", "--no-progress"]
     assert_same_run(*one_and_two(tmp_path, args), aside=("qa_outputs.bias",))
+
+
+def test_ner_two_processes_match_one(tmp_path):
+    """NER's loss is a mean over labelled tokens, which the ranks hold unevenly (rows of 2 to 6
+    words, a word of several pieces labelled once): each rank's share weighs its mean by its
+    labelled tokens, so losses and weights are one process's within 1e-5."""
+    import random
+
+    model = tiny_model(tmp_path / "model", "mlm")
+    rng = random.Random(7)
+    rows = []
+    for _ in range(9):  # batches of 4: two of 4 (2 a rank), then 1 (whole on both)
+        tokens = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
+        rows.append({"tokens": tokens, "tags": [rng.choice(["B-X", "I-X", "O", "O"]) for _ in tokens]})
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    args = ["--task", "ner", "--model", str(model), "--train", str(train), "--batch-size", "4", "--epochs", "2",
+            "--lr", "0.001", "--max-length", "16", "--precision", "fp32", "--no-progress"]
+    assert_same_run(*one_and_two(tmp_path, args))
 
 
 def info(rank: int, world: int) -> DistInfo:
