@@ -37,8 +37,10 @@ Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"
     teacher.py       a cross-encoder teacher's scores of every training pair, cached in OUT_DIR
     mining.py        `bertkit mine-negatives`: hard negatives as sentence-transformers' mine_hard_negatives
     crossencoder.py  rerank: the one-logit head, mined negatives, the bce and listwise losses
-    loop.py          the run both share: epochs, saving, evaluation, the health checks
-    resumable.py     the run SPLADE (`train.sparse`) and ColBERT (`train.colbert`) share: exact resume, BM25 negatives
+    loop.py          embed and rerank as parts of the one run: the tokenizer, LoRA, saving, evaluation
+    resumable.py     the one run of embed, rerank, SPLADE (`train.sparse`) and ColBERT (`train.colbert`):
+                     output checks, epochs, torchrun, exact resume, saving, evaluation, the health checks;
+                     SPLADE's and ColBERT's shared settings and BM25 negatives
     evaluate.py      MRR@10 / Recall@k / nDCG@10 of a trained model, and a reranker's first stage
 """
 
