@@ -21,7 +21,7 @@ every batch and rank 0 writes OUT_DIR and scores it; a trainer with `torchrun=Fa
 process wherever it is started.
 
 What SPLADE's and ColBERT's settings share (`ResumableTrainConfig`, `check_settings`) and their
-negatives (the row's own, then BM25's look-alikes: `mine_bm25`, `draw_negatives`) are here too.
+negatives (the row's own, then BM25's look-alikes: `mine_bm25`, `pair_epochs`) are here too.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from bertkit.train import health, parallel
 from bertkit.train import state as train_state
 from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.optim import default_lr
-from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
+from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, draw_negatives, optimizer_step, read_pairs
 from bertkit.util import distributed
 from bertkit.util.distributed import DistInfo
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
@@ -213,13 +213,6 @@ def mine_bm25(pairs: Sequence[Pair], config: ResumableTrainConfig) -> list[list[
             for p in pairs]
 
 
-def draw_negatives(pair: Pair, mined: list[str], k: int, rng: random.Random) -> list[str]:
-    """Up to k hard negatives: the row's own first (drawn when it has more), then drawn from the
-    mined ones (the very top BM25 hits are most often unlabelled positives, so drawn, not taken)."""
-    own = list(pair.negatives) if len(pair.negatives) <= k else rng.sample(pair.negatives, k)
-    return own + rng.sample(mined, min(k - len(own), len(mined)))
-
-
 def pair_epochs(pairs: list[Pair], config: ResumableTrainConfig) -> Callable[[int], list[tuple[Pair, list[str]]]]:
     """SPLADE's and ColBERT's `Parts.epochs`: every pair each epoch, as (pair, its hard negatives
     this epoch), in an order shuffled by `random.Random(f"{seed}:{epoch}")`, which then draws the
@@ -230,7 +223,7 @@ def pair_epochs(pairs: list[Pair], config: ResumableTrainConfig) -> Callable[[in
         rng = random.Random(f"{config.seed}:{number}")  # the epoch's order and draws, the same on resume
         order = list(range(len(pairs)))
         rng.shuffle(order)
-        negatives = [draw_negatives(p, m, config.hard_negatives, rng) for p, m in zip(pairs, mined)]
+        negatives = [draw_negatives(p.negatives, m, config.hard_negatives, rng) for p, m in zip(pairs, mined)]
         return [(pairs[i], negatives[i]) for i in order]
 
     return epoch
