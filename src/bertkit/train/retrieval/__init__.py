@@ -30,7 +30,7 @@ Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"
 (label 1 relevant, 0 a negative of that query; an optional header), or builtin:NAME[:SPLIT] of
 `bertkit.retrieval.datasets`. Bad rows are named file:line, counted and skipped.
 
-    common.py        the settings (`RetrievalTrainConfig`), the training pairs, one update
+    common.py        the settings (`RetrievalTrainConfig`), the training pairs, hard negatives drawn, one update
     biencoder.py     embed: the encoder, pooling, the loss call, sentence-transformers files
     losses.py        embed's losses, one table: mnrl, cached-mnrl, cosent, angle, margin-mse, kl; Matryoshka
     gradcache.py     GradCache: a large batch's loss at one mini-batch's memory (cached-mnrl; torchrun too)

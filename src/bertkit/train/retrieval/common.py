@@ -1,5 +1,6 @@
-"""What the bi-encoder and the cross-encoder trainers share: their settings, the training pairs
-(JSONL / TSV / built-in sets, bad rows named and skipped), tokenizing a batch and one update."""
+"""What the retrieval trainers share: the bi-encoder's and the cross-encoder's settings, the
+training pairs (JSONL / TSV / built-in sets, bad rows named and skipped), drawing hard negatives,
+tokenizing a batch and one update."""
 
 from __future__ import annotations
 
