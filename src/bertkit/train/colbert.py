@@ -26,8 +26,8 @@ instead of being dropped, as PyLate's `colbert_scores` masks them (inference dro
 Starting from any BERT-family directory, the prefixes become added tokens of the tokenizer (their
 embedding rows start at the mean of the others) and the projection is initialised as
 `nn.Linear` is; from a ColBERT directory, its own settings, tokenizer and projection are used.
-The run is `train.retrieval.resumable`'s, which SPLADE's training shares (this module gives it
-ColBERT's parts): resumable exactly (a training state every `save_every` steps; each epoch's
+The run is `train.retrieval.resumable`'s, which every retrieval trainer shares (this module gives
+it ColBERT's parts): resumable exactly (a training state every `save_every` steps; each epoch's
 order and draws come from the seed and the epoch), one process (the MaxSim loss gathers nothing
 across torchrun ranks), no model card. OUT_DIR is a PyLate directory
 (modules.json: Transformer + Dense, config_sentence_transformers.json with the query and document
@@ -148,7 +148,8 @@ def run(config: ColbertTrainConfig) -> dict[str, Any]:
 def _step_loss(engine, teacher, step: resumable.Step, config: ColbertTrainConfig,
                device) -> tuple[torch.Tensor, dict[str, Any]]:
     """One batch's `batch_loss`; the step's record holds nothing more."""
-    return engine(partial(batch_loss, rows=step.rows, negatives=step.negatives, config=config, teacher=teacher)), {}
+    rows, negatives = [pair for pair, _ in step.rows], [own for _, own in step.rows]
+    return engine(partial(batch_loss, rows=rows, negatives=negatives, config=config, teacher=teacher)), {}
 
 
 def _save(model: ColbertNet, teacher, out: Path, config: ColbertTrainConfig) -> None:
@@ -215,8 +216,9 @@ def evaluate_colbert(model_dir: str | Path, spec: str) -> dict[str, Any]:
 
 
 PARTS = resumable.Parts(
-    "colbert", load=_teacher, build=build_colbert, loss=_step_loss, save=_save, evaluate=evaluate_colbert,
-    chance_loss=chance_loss, in_batch=lambda config: config.distill_from is None,
+    "colbert", load=_teacher, build=build_colbert, epochs=resumable.pair_epochs, loss=_step_loss, save=_save,
+    evaluate=lambda out, spec, config: evaluate_colbert(out, spec), chance_loss=chance_loss,
+    in_batch=lambda config: config.distill_from is None,
     describe=lambda config: {"loss": "contrastive" if config.distill_from is None else "distillation"},
     # One process wherever it starts: the MaxSim loss gathers no rows from other ranks.
     torchrun=False, card=False)

@@ -17,7 +17,7 @@ The scores are raw dot products (scale 1), as SPLADE's in-batch pairwise NLL and
 sentence-transformers' SparseMultipleNegativesRankingLoss.
 
 The MLM head projects real tokens only (padding rows never reach the vocabulary). The run is
-`train.retrieval.resumable`'s, which ColBERT's training shares (this module gives it SPLADE's
+`train.retrieval.resumable`'s, which every retrieval trainer shares (this module gives it SPLADE's
 parts: the model, the loss, the files, the scores): resumable exactly, a training state every
 `save_every` steps, `resume=True` continuing with the same batches and negatives. OUT_DIR is a
 masked-LM directory and a sentence-transformers `SparseEncoder` directory (modules.json:
@@ -152,7 +152,8 @@ def _step_loss(engine, tokenizer, step: resumable.Step, config: SparseTrainConfi
     """SPLADE's loss of one batch: the ranking loss plus the FLOPS terms, λ raised by the step's
     share of the warm-up; the terms go to the step's record."""
     share = flops_weight(step.number, step.total, config.flops_warmup_ratio)
-    rank, reg_q, reg_d = engine(partial(_losses, tokenizer=tokenizer, rows=step.rows, negatives=step.negatives,
+    rows, negatives = [pair for pair, _ in step.rows], [own for _, own in step.rows]
+    rank, reg_q, reg_d = engine(partial(_losses, tokenizer=tokenizer, rows=rows, negatives=negatives,
                                         config=config, device=device, group=step.group))
     loss = rank + share * (config.flops_query_weight * reg_q + config.flops_doc_weight * reg_d)
     return loss, {"ranking_loss": rank.item(), "flops_query": reg_q.item(), "flops_doc": reg_d.item(),
@@ -225,5 +226,6 @@ def evaluate_sparse(model_dir: str | Path, spec: str, *, top_k: int | None = Non
     return scores
 
 
-PARTS = resumable.Parts("sparse", load=_load, build=_build, loss=_step_loss, save=_save,
-                        evaluate=evaluate_sparse, chance_loss=chance_loss)
+PARTS = resumable.Parts("sparse", load=_load, build=_build, epochs=resumable.pair_epochs, loss=_step_loss,
+                        save=_save, evaluate=lambda out, spec, config: evaluate_sparse(out, spec),
+                        chance_loss=chance_loss)

@@ -30,15 +30,17 @@ Inputs: JSONL rows {"query", "positive", "negatives"?: [..]} (cosent / angle: {"
 (label 1 relevant, 0 a negative of that query; an optional header), or builtin:NAME[:SPLIT] of
 `bertkit.retrieval.datasets`. Bad rows are named file:line, counted and skipped.
 
-    common.py        the settings (`RetrievalTrainConfig`), the training pairs, one update
+    common.py        the settings (`RetrievalTrainConfig`), the training pairs, hard negatives drawn, one update
     biencoder.py     embed: the encoder, pooling, the loss call, sentence-transformers files
     losses.py        embed's losses, one table: mnrl, cached-mnrl, cosent, angle, margin-mse, kl; Matryoshka
     gradcache.py     GradCache: a large batch's loss at one mini-batch's memory (cached-mnrl; torchrun too)
     teacher.py       a cross-encoder teacher's scores of every training pair, cached in OUT_DIR
     mining.py        `bertkit mine-negatives`: hard negatives as sentence-transformers' mine_hard_negatives
     crossencoder.py  rerank: the one-logit head, mined negatives, the bce and listwise losses
-    loop.py          the run both share: epochs, saving, evaluation, the health checks
-    resumable.py     the run SPLADE (`train.sparse`) and ColBERT (`train.colbert`) share: exact resume, BM25 negatives
+    loop.py          embed and rerank as parts of the one run: the tokenizer, LoRA, saving, evaluation
+    resumable.py     the one run of embed, rerank, SPLADE (`train.sparse`) and ColBERT (`train.colbert`):
+                     output checks, epochs, torchrun, exact resume, saving, evaluation, the health checks;
+                     SPLADE's and ColBERT's shared settings and BM25 negatives
     evaluate.py      MRR@10 / Recall@k / nDCG@10 of a trained model, and a reranker's first stage
 """
 

@@ -1,11 +1,13 @@
-"""What the bi-encoder and the cross-encoder trainers share: their settings, the training pairs
-(JSONL / TSV / built-in sets, bad rows named and skipped), tokenizing a batch and one update."""
+"""What the retrieval trainers share: the bi-encoder's and the cross-encoder's settings, the
+training pairs (JSONL / TSV / built-in sets, bad rows named and skipped), drawing hard negatives,
+tokenizing a batch and one update."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -269,6 +271,14 @@ def evaluation_set(spec: str) -> tuple[list[Pair], list[str], dict[str, set[str]
     position = {text: i for i, text in enumerate(corpus)}
     qrels = {str(i): {str(position[p.positive])} for i, p in enumerate(pairs)}
     return pairs, corpus, qrels
+
+
+def draw_negatives(own: Sequence[str], mined: Sequence[str], k: int, rng: random.Random) -> list[str]:
+    """Up to k hard negatives: the row's `own` first (k drawn from them when it has more), then
+    drawn from the `mined` ones (the very top hits are most often unlabelled positives, so drawn,
+    not taken in order)."""
+    drawn = list(own) if len(own) <= k else rng.sample(own, k)
+    return drawn + rng.sample(mined, min(k - len(drawn), len(mined)))
 
 
 def encode(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, device):

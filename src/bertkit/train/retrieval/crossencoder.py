@@ -24,7 +24,7 @@ from torch import nn
 
 from bertkit.constants import label_name
 from bertkit.train import health
-from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, encode
+from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig, draw_negatives, encode
 
 # The rerank default learning rate: a fresh one-logit head over an encoder that was never
 # trained to read a pair has to move far in the few hundred steps a CPU budget allows. Measured
@@ -130,15 +130,12 @@ def rerank_groups(pairs: list[Pair], config: RetrievalTrainConfig) -> list[Group
 
 
 def rerank_epoch(groups: list[Group], config: RetrievalTrainConfig, rng: random.Random) -> list[tuple]:
-    """One epoch's examples: `negatives` per query, its own first (drawn from them when it has
-    more), then drawn from the mined top `mine_depth` — hard, but the very top ones are most often
-    unlabelled positives, so drawn rather than the first taken. bce: (query, passage, label)
-    rows; listwise: (query, positive, [negatives]) rows."""
+    """One epoch's examples: `negatives` per query, its own first, then drawn from the mined top
+    `mine_depth` (`common.draw_negatives`). bce: (query, passage, label) rows; listwise: (query,
+    positive, [negatives]) rows."""
     rows: list[tuple] = []
-    k = config.negatives
     for g in groups:
-        negatives = list(g.own) if len(g.own) <= k else rng.sample(g.own, k)
-        negatives += rng.sample(g.mined, min(k - len(negatives), len(g.mined)))
+        negatives = draw_negatives(g.own, g.mined, config.negatives, rng)
         if config.loss == "listwise":
             if negatives:  # a query without negatives has nothing to be ranked against
                 rows.append((g.query, g.positive, negatives))

@@ -1,20 +1,27 @@
-"""The run that SPLADE (`train.sparse`) and ColBERT (`train.colbert`) training share, resumable
-exactly; each trainer plugs its parts into it (`Parts`), as `loop.py`'s trainers do theirs.
+"""The one run of every retrieval trainer: the bi-encoder and the cross-encoder (embed, rerank:
+`loop.py`), SPLADE (`train.sparse`) and ColBERT (`train.colbert`). Each trainer plugs its parts
+into it (`Parts`); output checks, resume, torchrun sharding, training states, the step records,
+saving, evaluation and the health checks are this module's, so a fix to any of them lands once.
 
-    read the pairs → BM25 look-alikes of each query among the training passages (`mine_bm25`)
-    → epochs of AdamW steps over batches of B pairs: the trainer's loss of the batch's queries
-      against its positives and each row's hard negatives (`draw_negatives`)
-    → the trainer saves the model, scores it on `eval`; steps.jsonl, eval.json, the health checks
+    read the pairs → the trainer's model; its epochs drawn from the pairs (`Parts.epochs`: mined
+      negatives, a teacher's scores, each epoch's order)
+    → epochs of AdamW steps over batches of batch_size examples, the trainer's loss of each
+    → the trainer saves the model and scores it on `eval`; steps.jsonl, eval.json, the health checks
 
-Exact resume: each epoch's order and negative draws come from `random.Random(f"{seed}:{epoch}")`,
-and a training state (weights, optimizer, schedule, every rank's generators, the steps so far) is
-written every `save_every` steps (`train.state`), so `resume=True` continues with the batches,
-negatives and dropout draws the whole run would have made. A resumed run may change only
-`RESUMABLE_CHANGES`.
+Exact resume (a trainer with `Parts.resumable`: SPLADE, ColBERT): the trainer draws an epoch's
+examples the same whenever asked (SPLADE and ColBERT from `random.Random(f"{seed}:{epoch}")`,
+`pair_epochs`), and a training state (weights, optimizer, schedule, every rank's generators, the
+steps so far) is written every `save_every` steps (`train.state`), so `resume=True` continues with
+the batches, negatives and dropout draws the whole run would have made. A resumed run may change
+only `RESUMABLE_CHANGES`. The bi-encoder and the cross-encoder draw every epoch from one generator
+seeded once, and are not resumable (their runs are short).
 
-Under torchrun (`train.parallel`, for a trainer whose loss gathers across ranks) each rank runs its
-slice of every batch and rank 0 writes OUT_DIR and scores it; a trainer with `torchrun=False` runs
-as one process wherever it is started.
+Under torchrun (`train.parallel`, for a trainer with `Parts.torchrun`) each rank runs its slice of
+every batch and rank 0 writes OUT_DIR and scores it; a trainer with `torchrun=False` runs as one
+process wherever it is started.
+
+What SPLADE's and ColBERT's settings share (`ResumableTrainConfig`, `check_settings`) and their
+negatives (the row's own, then BM25's look-alikes: `mine_bm25`, `pair_epochs`) are here too.
 """
 
 from __future__ import annotations
@@ -39,10 +46,10 @@ from bertkit.train import health, parallel
 from bertkit.train import state as train_state
 from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.optim import default_lr
-from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, optimizer_step, read_pairs
+from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, draw_negatives, optimizer_step, read_pairs
 from bertkit.util import distributed
 from bertkit.util.distributed import DistInfo
-from bertkit.util.fileio import atomic_write_json, atomic_write_text, model_directory
+from bertkit.util.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +57,12 @@ OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "st
            train_state.CHECKPOINTS)
 # Settings a resumed run may change: they do not alter the sequence of updates.
 RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "eval"}
-MINERS = ("bm25", "none")  # where a row without its own negatives gets one
+MINERS = ("bm25", "none")  # where a row without its own negatives gets one (SPLADE, ColBERT)
 
 
 @dataclass
 class ResumableTrainConfig:
-    """The settings `run` reads, which SPLADE's and ColBERT's settings extend with their own
+    """The settings SPLADE's and ColBERT's runs share, which their settings extend with their own
     (their fields follow these in OUT_DIR/finetune_config.json)."""
 
     model: str  # the directory to train from (which ones suit: the trainer's `Parts.load`)
@@ -87,8 +94,7 @@ class ResumableTrainConfig:
 class Step:
     """What one update's loss reads."""
 
-    rows: list[Pair]  # this rank's rows of the global batch (all of them in one process)
-    negatives: list[list[str]]  # each row's hard negatives this epoch
+    rows: list[Any]  # this rank's examples of the global batch (all of them in one process)
     group: DistInfo | None  # the ranks to gather a whole-batch loss from; None: this rank holds it all
     number: int  # updates done before this one
     total: int  # updates in the whole run
@@ -102,25 +108,57 @@ def _nothing(config: Any) -> dict[str, Any]:
     return {}
 
 
+def _keep(model: nn.Module, config: Any) -> None:
+    return None
+
+
+def _examples(examples: list[Any], config: Any) -> int:
+    return len(examples)
+
+
+def width_lr(directory: Path, config: Any) -> float:
+    """The learning rate by the model's width (`optim.default_lr`)."""
+    from bertkit.encoder.config import BertConfig
+
+    return default_lr(BertConfig.from_json(directory).hidden_size)
+
+
 @dataclass(frozen=True)
 class Parts:
-    """What a trainer brings to `run`; `config` is its settings (a ResumableTrainConfig)."""
+    """What a trainer brings to `run`; `config` is its settings (a ResumableTrainConfig, or
+    `common.RetrievalTrainConfig` for embed and rerank)."""
 
     task: str  # "sparse"
     # (model directory, config) → what the loss reads beside the model (a tokenizer, a teacher, None),
     # once the directory is checked to suit the task
     load: Callable[[Path, Any], Any]
     build: Callable[[Path, Any], nn.Module]  # (a model or training-state directory, config) → the model
-    # (engine, what `load` gave, step, config, device) → the global batch's loss, () float, and the
-    # step record's fields beside "loss"; `engine(f)` runs f(model), under DDP on several ranks
+    # (the training pairs, config) → a function of the epoch (1, 2, ..., called once each, in order)
+    # giving that epoch's examples in batch order, as the loss reads them in `Step.rows`
+    epochs: Callable[[list[Pair], Any], Callable[[int], list[Any]]]
+    # (engine, what `load` gave, step, config, device) → the loss, () float, and the step record's
+    # fields beside "loss"; `engine(f)` runs f(model), under DDP on several ranks
     loss: Callable[[Callable, Any, Step, Any, torch.device], tuple[torch.Tensor, dict[str, Any]]]
     save: Callable[[nn.Module, Any, Path, Any], None]  # (model, what `load` gave, OUT_DIR, config)
-    evaluate: Callable[[Path, str], dict[str, Any]]  # (OUT_DIR, eval spec) → scores
+    evaluate: Callable[[Path, str, Any], dict[str, Any]]  # (OUT_DIR, eval spec, config) → scores
     chance_loss: Callable[[Any], float | None]  # the loss of a uniform guess (`train.health`)
-    in_batch: Callable[[Any], bool] = _always  # the other rows of a batch are the negatives
+    lr: Callable[[Path, Any], float] = width_lr  # (model directory, config) → the default learning rate
+    # (eval scores, metric, split) → the warning for a score no better than a trivial predictor's
+    baseline: Callable[[dict[str, Any], str, str], str | None] = health.no_baseline
+    count: Callable[[list[Any], Any], int] = _examples  # (an epoch's examples, config) → eval.json's train_examples
+    adapt: Callable[[nn.Module, Any], None] = _keep  # (model on its device, config): LoRA adapters, in place
+    # The other rows of a batch are the only negatives: fewer than 2 training pairs are refused.
+    in_batch: Callable[[Any], bool] = _always
     describe: Callable[[Any], dict[str, Any]] = _nothing  # eval.json's fields after "steps"
-    torchrun: bool = True  # the loss gathers the ranks' rows (`Step.group`); False: one process
+    # The loss is the global batch's (gathered across ranks, the same on every rank); False: a
+    # mean over this rank's rows, weighed by them.
+    whole_batch: bool = True
+    torchrun: bool = True  # False: one process wherever it starts
+    # Writes training states and takes config.resume / config.save_every; False: an existing
+    # OUT_DIR is only replaced (--overwrite), never continued.
+    resumable: bool = True
     card: bool = True  # writes a model card (README.md, `train.card`)
+    outputs: tuple[str, ...] = OUTPUTS  # the files that make OUT_DIR a run's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,22 +213,29 @@ def mine_bm25(pairs: Sequence[Pair], config: ResumableTrainConfig) -> list[list[
             for p in pairs]
 
 
-def draw_negatives(pair: Pair, mined: list[str], k: int, rng: random.Random) -> list[str]:
-    """Up to k hard negatives: the row's own first (drawn when it has more), then drawn from the
-    mined ones (the very top BM25 hits are most often unlabelled positives, so drawn, not taken)."""
-    own = list(pair.negatives) if len(pair.negatives) <= k else rng.sample(pair.negatives, k)
-    return own + rng.sample(mined, min(k - len(own), len(mined)))
+def pair_epochs(pairs: list[Pair], config: ResumableTrainConfig) -> Callable[[int], list[tuple[Pair, list[str]]]]:
+    """SPLADE's and ColBERT's `Parts.epochs`: every pair each epoch, as (pair, its hard negatives
+    this epoch), in an order shuffled by `random.Random(f"{seed}:{epoch}")`, which then draws the
+    negatives, so an epoch is the same however often it is drawn (exact resume)."""
+    mined = mine_bm25(pairs, config)
+
+    def epoch(number: int) -> list[tuple[Pair, list[str]]]:
+        rng = random.Random(f"{config.seed}:{number}")  # the epoch's order and draws, the same on resume
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        negatives = [draw_negatives(p.negatives, m, config.hard_negatives, rng) for p, m in zip(pairs, mined)]
+        return [(pairs[i], negatives[i]) for i in order]
+
+    return epoch
 
 
 # ---------------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------------
-def run(config: ResumableTrainConfig, parts: Parts) -> dict[str, Any]:
+def run(config: Any, parts: Parts) -> dict[str, Any]:
     """Train as `config` says with the trainer's `parts`; returns eval.json's content."""
-    from bertkit.encoder.config import BertConfig
-
     started = time.time()
-    out = train_state.check_run_outputs(config.out_dir, OUTPUTS, overwrite=config.overwrite, resume=config.resume)
+    out = _check_out(config, parts)
     directory = model_directory(config.model, "--model")
     aid = parts.load(directory, config)
     pairs, report = read_pairs(config.train)
@@ -203,50 +248,65 @@ def run(config: ResumableTrainConfig, parts: Parts) -> dict[str, Any]:
     info = (distributed.init_distributed(config.device) if parts.torchrun
             else DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(config.device), backend=None))
     parallel.check_batch_size(config.batch_size, info)
-    config.lr = config.lr or default_lr(BertConfig.from_json(directory).hidden_size)
+    config.lr = config.lr or parts.lr(directory, config)
     resume_from = None
-    if config.resume:
+    if parts.resumable and config.resume:
         resume_from = train_state.resume_checkpoint(out, dataclasses.asdict(config), out / FINETUNE_CONFIG,
                                                     RESUMABLE_CHANGES)
     distributed.barrier(info)  # every rank has read OUT before rank 0 changes it
     if config.overwrite and info.is_main:
-        for name in OUTPUTS:
+        for name in parts.outputs:
             path = out / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     torch.manual_seed(config.seed)
     model = parts.build(directory, config).to(info.device)
-    steps, step = _train(model, aid, pairs, config, parts, info, out, resume_from)
+    parts.adapt(model, config)
+    steps, step, examples = _train(model, aid, pairs, config, parts, info, out, resume_from)
     model.eval()
     if not info.is_main:  # rank 0 writes the model and scores it
         return {"status": "done", "task": parts.task, "model": config.model, "steps": step}
     parts.save(model, aid, out, config)
     atomic_write_text(out / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in steps))
-    shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
+    if parts.resumable:
+        shutil.rmtree(out / train_state.CHECKPOINTS, ignore_errors=True)
     losses = [s["loss"] for s in steps]
     summary: dict[str, Any] = {
         "status": "done", "task": parts.task, "model": config.model, "steps": step, **parts.describe(config),
         "first_loss": losses[0] if losses else None,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None,
-        "train": report.to_dict(), "train_examples": len(pairs)}
+        "train": report.to_dict(), "train_examples": parts.count(examples, config)}
     if info.enabled:
         summary["processes"] = info.world_size
     if config.eval:
-        summary["eval"] = parts.evaluate(out, config.eval)
+        summary["eval"] = parts.evaluate(out, config.eval, config)
     summary["warnings"] = health.collect(
-        health.step_warning(step, examples=len(pairs), batch_size=config.batch_size, epochs=config.epochs),
-        health.loss_warning(summary["last_loss"], parts.chance_loss(config)))
+        health.step_warning(step, examples=len(examples), batch_size=config.batch_size, epochs=config.epochs),
+        health.loss_warning(summary["last_loss"], parts.chance_loss(config)),
+        parts.baseline(summary.get("eval") or {}, "mrr@10", "eval"))
     return finish(out, summary, started, card=parts.card)
 
 
-def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: ResumableTrainConfig, parts: Parts, info: DistInfo,
-           out: Path, resume_from: Path | None) -> tuple[list[dict[str, Any]], int]:
-    """The epochs (from `resume_from`'s step when given): the step records and the steps done."""
+def _check_out(config: Any, parts: Parts) -> Path:
+    """OUT_DIR checked before any work: a resumable run's may be continued (`resume`) or replaced
+    (`overwrite`); another run's only replaced."""
+    if parts.resumable:
+        return train_state.check_run_outputs(config.out_dir, parts.outputs, overwrite=config.overwrite,
+                                             resume=config.resume)
+    return check_writable_output(config.out_dir, overwrite=bool(config.overwrite), kind="dir", outputs=parts.outputs)
+
+
+def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: Any, parts: Parts, info: DistInfo,
+           out: Path, resume_from: Path | None) -> tuple[list[dict[str, Any]], int, list[Any]]:
+    """The epochs (from `resume_from`'s step when given): the step records, the steps done and
+    the first epoch's examples."""
     from tqdm.auto import tqdm
 
     from bertkit.train import optim
 
-    mined = mine_bm25(pairs, config)
-    steps_per_epoch = math.ceil(len(pairs) / config.batch_size)
+    draw = parts.epochs(pairs, config)
+    # Drawn before OUT is written: a trainer that finds nothing to train on leaves it as it was.
+    first = draw(1)
+    steps_per_epoch = math.ceil(len(first) / config.batch_size)
     total = steps_per_epoch * config.epochs
     optimizer = optim.build_optimizer(model, config.lr, weight_decay=config.weight_decay)
     schedule = optim.lr_schedule(optimizer, round(config.warmup_ratio * total), total, "linear")
@@ -271,38 +331,40 @@ def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: ResumableTrain
     engine = parallel.data_parallel(model, info)
     model.train()
     for epoch in range(1, config.epochs + 1):
-        rng = random.Random(f"{config.seed}:{epoch}")  # the epoch's order and draws, the same on resume
-        order = list(range(len(pairs)))
-        rng.shuffle(order)
-        negatives = [draw_negatives(p, m, config.hard_negatives, rng) for p, m in zip(pairs, mined)]
-        batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
+        examples = first if epoch == 1 else draw(epoch)
+        batches = [examples[i:i + config.batch_size] for i in range(0, len(examples), config.batch_size)]
         done = max(0, step - (epoch - 1) * steps_per_epoch)
         for batch in tqdm(batches[done:], desc=f"epoch {epoch}/{config.epochs}",
                           disable=not (config.progress and info.is_main)):
             part = parallel.shard(batch, info)
-            # A gathered loss is the global batch's, the same on every rank.
-            loss, fields = parts.loss(engine, aid, Step([pairs[i] for i in part.rows],
-                                                        [negatives[i] for i in part.rows], part.group, step, total),
-                                      config, info.device)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"the loss became {float(loss)} at step {step + 1}; lower --lr")
-            optimizer_step(parallel.for_backward(parallel.share(loss, part), info), model, optimizer, schedule,
-                           config.max_grad_norm, step)
+            loss, fields = parts.loss(engine, aid, Step(part.rows, part.group, step, total), config, info.device)
+            part_loss = (parallel.share(loss, part) if parts.whole_batch
+                         else parallel.share(loss, part, len(part.rows), len(batch)))
+            value = parallel.global_loss(part_loss, info)
+            if not math.isfinite(value):  # every rank sees the same value, so all stop together
+                raise FloatingPointError(f"the loss became {value} at step {step + 1}; lower --lr")
+            optimizer_step(parallel.for_backward(part_loss, info), model, optimizer, schedule, config.max_grad_norm,
+                           step)
             step += 1
-            steps.append({"step": step, "epoch": epoch, "loss": loss.item(), **fields,
-                          "lr": schedule.get_last_lr()[0]})
-            if step % config.save_every == 0 and step < total:
-                rngs = parallel.rank_rng_states(info)  # every rank calls: dropout streams are per rank
-                if info.is_main:
-                    train_state.save_checkpoint(out, step, model, None, {
-                        "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
-                        "rng": rngs[0], "rank_rngs": rngs, "step": step, "steps": steps}, keep=1, publish=False)
-    return steps, step
+            steps.append({"step": step, "epoch": epoch, "loss": value, **fields, "lr": schedule.get_last_lr()[0]})
+            if parts.resumable and step % config.save_every == 0 and step < total:
+                _save_state(model, optimizer, schedule, info, out, step, steps)
+    return steps, step, first
+
+
+def _save_state(model: nn.Module, optimizer, schedule, info: DistInfo, out: Path, step: int,
+                steps: list[dict[str, Any]]) -> None:
+    """The training state after `step` updates, in OUT/checkpoints (the newest only)."""
+    rngs = parallel.rank_rng_states(info)  # every rank calls: dropout streams are per rank
+    if info.is_main:
+        train_state.save_checkpoint(out, step, model, None, {
+            "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
+            "rng": rngs[0], "rank_rngs": rngs, "step": step, "steps": steps}, keep=1, publish=False)
 
 
 def finish(out: Path, summary: dict[str, Any], started: float, *, card: bool = True) -> dict[str, Any]:
-    """The end of a retrieval run (this module's and `loop.py`'s): its warnings logged, its time,
-    eval.json and (with `card`) the model card written; returns `summary`."""
+    """The end of a retrieval run: its warnings logged, its time, eval.json and (with `card`) the
+    model card written; returns `summary`."""
     for warning in summary["warnings"]:
         log.warning("warning: %s", warning)
     summary["seconds"] = round(time.time() - started, 2)
