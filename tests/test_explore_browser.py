@@ -46,6 +46,7 @@ if not CHROMIUM or not CHROMEDRIVER:
 
 
 WAIT = 20  # seconds: the slowest step (the first request loads nothing, but CI machines are slow)
+POLL = 0.05  # seconds between looks at the page while waiting (Selenium's 0.5 s adds ~0.5 s to each step)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def driver():
 @pytest.fixture(scope="module")
 def page(driver, base_url):
     driver.get(base_url + "/")
-    WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+    WebDriverWait(driver, WAIT, POLL).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
     yield driver
     # A script error or a failed load of an asset is a bug; the 422 the fill-mask test asks for is not.
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
@@ -138,7 +139,7 @@ def settled(driver, root, done_before: int):
         done = int(root.get_attribute("data-done") or 0)
         return done > done_before and root.get_attribute("data-state") != "loading"
     try:
-        WebDriverWait(driver, WAIT).until(finished)
+        WebDriverWait(driver, WAIT, POLL).until(finished)
     except TimeoutException:
         raise AssertionError(f"{root.get_attribute('data-testid')} did not finish: "
                              f"state {root.get_attribute('data-state')}") from None
@@ -169,6 +170,15 @@ def open_view(driver, name: str):
 
 def all_of(root, testid: str):
     return root.find_elements(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+
+
+def attributes(root, testid: str, *names: str) -> list[list[str | None]]:
+    """The attributes `names` of each element `all_of(root, testid)` finds, in one script: a
+    heatmap has hundreds of cells, and each get_attribute is a round trip to the browser."""
+    return root.parent.execute_script(
+        "return Array.from(arguments[0].querySelectorAll(arguments[1]),"
+        " e => arguments[2].map(n => e.getAttribute(n)));",
+        root, f'[data-testid="{testid}"]', list(names))
 
 
 def screenshot(driver, shots, name: str):
@@ -250,19 +260,21 @@ def test_assembly_shows_the_models_own_table_rows(page, api, explorer, shots):
 
 
 def check_masking(root, data):
-    selected = [t.get_attribute("data-position") for t in all_of(root, "masking-token")
-                if t.get_attribute("data-selected") == "true"]
+    selected = [position for position, chosen in attributes(root, "masking-token", "data-position", "data-selected")
+                if chosen == "true"]
     assert selected == [str(i) for i, k in enumerate(data["kinds"]) if k]
     inputs = all_of(root, "masking-input")
     assert [t.find_element(By.CLASS_NAME, "token-text").text for t in inputs] == data["input_tokens"]
     assert [t.find_element(By.CLASS_NAME, "token-text").text for t in all_of(root, "masking-label")] == \
         [str(x) for x in data["labels"]]
     rows = all_of(root, "masking-prediction")
-    assert [int(r.get_attribute("data-position")) for r in rows] == [p["position"] for p in data["predictions"]]
+    assert [int(position) for position, in attributes(root, "masking-prediction", "data-position")] == \
+        [p["position"] for p in data["predictions"]]
     for row, expected in zip(rows, data["predictions"]):
         top = all_of(row, "masking-top")
-        assert [t.get_attribute("data-token") for t in top] == [c["token"] for c in expected["top"]]
-        assert [float(t.get_attribute("data-score")) for t in top] == [c["score"] for c in expected["top"]]
+        tokens_scores = attributes(row, "masking-top", "data-token", "data-score")
+        assert [token for token, _ in tokens_scores] == [c["token"] for c in expected["top"]]
+        assert [float(score) for _, score in tokens_scores] == [c["score"] for c in expected["top"]]
         assert [t.find_element(By.CLASS_NAME, "num").text for t in top] == [prob(c["score"]) for c in expected["top"]]
         shown = row.find_element(By.CSS_SELECTOR, '[data-testid="masking-prob-true"]').text
         assert shown == prob(expected["prob_true"])
@@ -318,7 +330,7 @@ def test_fill_mask_equals_the_library(page, dirs, shots):
     set_text(root.find_element(By.ID, "fm-a"), "no slot in this one")
     before = done(root)
     root.find_element(By.ID, "fm-a").find_element(By.XPATH, "ancestor::form").submit()
-    WebDriverWait(page, WAIT).until(lambda _: done(root) > before)
+    WebDriverWait(page, WAIT, POLL).until(lambda _: done(root) > before)
     assert root.get_attribute("data-state") == "error"
     status = page.find_element(By.CSS_SELECTOR, '[data-testid="status"]')
     assert status.get_attribute("data-kind") == "error" and "has no [MASK] token" in status.text
@@ -327,8 +339,8 @@ def test_fill_mask_equals_the_library(page, dirs, shots):
 
 def cells(root, testid):
     """{(row, col): value} of one heatmap's cells."""
-    return {(int(c.get_attribute("data-row")), int(c.get_attribute("data-col"))): float(c.get_attribute("data-value"))
-            for c in all_of(root, testid)}
+    return {(int(row), int(col)): float(value)
+            for row, col, value in attributes(root, testid, "data-row", "data-col", "data-value")}
 
 
 def test_attention_grid_head_and_padding_panel(page, api, shots):
@@ -421,7 +433,8 @@ def test_a_model_without_mlm_head_says_so(driver, dirs, page):
     # page: runs first, so its console check covers the main page; this one opens another server.
     with running_app(build_app(Explorer.load(dirs["minilm"])), WAIT) as url:
         driver.get(url + "/#fillmask")
-        WebDriverWait(driver, WAIT).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
+        WebDriverWait(driver, WAIT, POLL).until(
+            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready"))
         root = view(driver, "fillmask")
         assert "no masked-LM head" in root.find_element(By.CSS_SELECTOR, '[data-testid="no-mlm"]').text
         assert not all_of(root, "fillmask-row")

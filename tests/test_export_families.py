@@ -34,9 +34,11 @@ TOL = 1e-4
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "hello"]
 PAIRS = ["paris is the capital of france", "the quick brown fox", "world"]
 # One export per family, a head for some: MPNet's bias and DeBERTa-v3's shared position projections
-# under the bare encoder; DeBERTa-v2's convolution, segments and context pooler under a classifier;
-# ModernBERT's classifier over its final norm (RoBERTa's and ALBERT's heads: test_export.py).
-FAMILIES = [("bert", "Model"), ("roberta", "Model"), ("xlm-roberta", "Model"), ("albert", "Model"),
+# under the bare encoder; RoBERTa's own classifier head (no segments: no token_type_ids input) and
+# ALBERT's shared layers and embedding projection under a classifier; DeBERTa-v2's convolution,
+# segments and context pooler under a classifier; ModernBERT's classifier over its final norm.
+FAMILIES = [("bert", "Model"), ("roberta", "ForSequenceClassification"), ("xlm-roberta", "Model"),
+            ("albert", "ForSequenceClassification"),
             ("distilbert", "ForTokenClassification"), ("electra", "Model"), ("ernie", "ForSequenceClassification"),
             ("mpnet", "Model"), ("deberta-v2", "ForSequenceClassification"), ("deberta-v3", "Model"),
             ("modernbert", "ForSequenceClassification")]
@@ -109,6 +111,8 @@ def test_export_equals_transformers_and_the_engine(family, kind, format, spm, tm
     pooled = {"pooling": "mean", "normalize": False} if kind == "Model" else {}
     report = export(directory, tmp_path / "out", format=format, **pooled)
     assert report.max_abs_diff <= TOL  # the export's own check, against bertkit's padded forward
+    if family in ("roberta", "albert"):  # RoBERTa reads no segments, ALBERT does
+        assert report.inputs == ["input_ids", "attention_mask"] + (["token_type_ids"] if family == "albert" else [])
     batch = padded_pairs(directory, report.inputs)
     got = run_exported(tmp_path / "out", format, batch)
     for name, want in transformers_outputs(directory, kind, batch).items():

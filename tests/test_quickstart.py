@@ -145,12 +145,16 @@ def test_bad_arguments(tmp_path):
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
 
 
-def test_printed_finetune_commands_run_as_printed(demo, tmp_path, capsys):
+def test_printed_finetune_commands_run_as_printed(demo, tmp_path, capsys, monkeypatch):
     """The "next" commands carry no --lr: the default must suit the demo's tiny model (at BERT-
-    base's 3e-5 it learned nothing in an epoch). Each runs here on a sliver of
-    its data set (the whole sets take minutes; their scores are in finetune.default_lr)."""
+    base's 3e-5 it learned nothing in an epoch). Each runs here on a sliver of its data set: 64
+    training examples, and 64 of the dev and test splits that --dataset scores (the whole sets
+    take minutes; their scores are in finetune.default_lr)."""
     from bertkit import cli
+    from bertkit.data import labelled
 
+    whole = labelled.load_labelled
+    monkeypatch.setattr(labelled, "load_labelled", lambda name, split="train": whole(name, split)[:64])
     _, _, report = demo
     commands = re.findall(r"^  bertkit (finetune .+)$", report, flags=re.M)
     assert len(commands) == len(qs.LANGUAGES["zh"].finetune) == 2
