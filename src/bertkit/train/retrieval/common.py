@@ -74,8 +74,8 @@ class RetrievalTrainConfig:
     progress: bool = True
     overwrite: bool = False
     resume: bool = False  # continue OUT_DIR from its training state (`resumable.run`)
-    # A training state every this many steps: a tiny model's step takes milliseconds, MiniLM's
-    # at a batch of 32 on two cores about a second.
+    # A training state every this many steps: the labelled tasks' default (`FinetuneConfig`), which
+    # `bertkit finetune` passes on.
     save_every: int = 200
 
     def __post_init__(self) -> None:

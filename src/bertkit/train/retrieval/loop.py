@@ -72,8 +72,8 @@ def _tokenizer(directory: Path, config: RetrievalTrainConfig):
 
 
 def _build(trainer: ModuleType, directory: Path, config: RetrievalTrainConfig) -> nn.Module:
-    """The trainer's model from config.model (`directory`, a training state's included: `_restore`
-    loads a state's weights into the model built from config.model)."""
+    """The trainer's model from config.model, whatever `directory` is (a training state's weights
+    are loaded by `_restore`, into the model the run adapted)."""
     return trainer.build(config)
 
 
