@@ -541,3 +541,25 @@ def test_choice_flags_offer_their_values():
         parser = cli.command_parsers(cli.build_parser())[command]
         (action,) = [a for a in parser._actions if flag in a.option_strings]
         assert set(action.choices) == values
+
+
+@pytest.mark.parametrize("task", ["embed", "rerank"])
+def test_finetune_resume_of_embed_and_rerank(task, assets, tmp_path, capsys):
+    """--resume is taken by embed and rerank as by every fine-tuning task: into a new OUT the run
+    starts from step 0; over a finished run it is one line naming --overwrite, nothing changed."""
+    argv = ["finetune", "--task", task, "--model", str(assets["PT"]), "--train", str(assets["PAIRS"]),
+            "--out", str(tmp_path / "out"), "--epochs", "1", "--batch-size", "2", "--max-length", "16",
+            "--no-progress", "--resume", "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(argv) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        before = snapshot(tmp_path)
+        status = cli.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert status == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("bertkit finetune: error: ") and "finished run" in lines[0]
+    assert "--overwrite" in lines[0] and snapshot(tmp_path) == before

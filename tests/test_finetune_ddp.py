@@ -430,5 +430,29 @@ def test_cosent_two_processes_match_one(tmp_path):
     assert_same_run(*one_and_two(tmp_path, args))
 
 
+def test_embed_two_processes_killed_and_resumed_match_one(tmp_path):
+    """The bi-encoder under torchrun, killed once its first training state is on disk and resumed
+    under torchrun: its steps and weights are one process's (in-batch negatives gathered across
+    ranks, the epochs drawn again up to the one in progress)."""
+    model = tiny_model(tmp_path / "model", "encoder")
+    # 21 rows in batches of 4: five of 4 (2 a rank), then 1 (whole on both), an epoch; two epochs.
+    train = pairs_file(tmp_path / "train.jsonl", 21, 1)
+    args = ["--task", "embed", "--model", str(model), "--train", str(train), "--batch-size", "4",
+            "--epochs", "2", "--lr", "0.001", "--max-length", "12", "--mine", "none", "--save-every", "3",
+            "--seed", "5", "--no-progress"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_one(*args, "--out", str(one))
+
+    kill_workers_when(["finetune", *args, "--out", str(two)], lambda: state.latest_checkpoint(two) is not None)
+    assert not (two / "eval.json").exists(), "the kill came too late to test anything"
+    ckpt = state.load_trainer_state(state.latest_checkpoint(two))
+    assert len(ckpt["rank_rngs"]) == 2 and ckpt["step"] < len(step_losses(one))
+
+    result = torchrun("finetune", *args, "--out", str(two), "--resume")
+    assert "resuming from" in result.stderr
+    assert_same_run(one, two)
+    assert not (two / "checkpoints").exists()
+
+
 if __name__ == "__main__":  # a torchrun rank of test_cached_mnrl_gradients_of_two_processes_are_one_process_gradients
     rank_step(*map(Path, sys.argv[1:4]))

@@ -75,7 +75,8 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
     add_training_engine_arguments(g, explain_precision=True)
     g.add_argument("--eval-batch-size", type=int, help="windows per evaluation batch (64)")
     g.add_argument("--save-every", type=int,
-                   help="steps between training states in OUT/checkpoints (200; also after each epoch)")
+                   help="steps between training states in OUT/checkpoints (200; the labelled tasks also "
+                   "after each epoch)")
     add_run_arguments(g, resume="continue OUT from its training state (same per-step losses as one run)",
                       overwrite="replace the results in an existing OUT")
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from bertkit.constants import FINETUNE_CONFIG, TRAINED_POOLINGS
 from bertkit.data.report import DataReport, read_text
+from bertkit.train.state import CHECKPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,9 @@ MINERS = ("bm25", "biencoder", "none")
 LOSSES = ("listwise", "bce")  # rerank losses
 EMBED_LOSSES = ("mnrl", "cached-mnrl", "cosent", "angle", "margin-mse", "kl")  # train.retrieval.losses
 BUILTIN_PREFIX = "builtin:"
-OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json")
+# A run's files: an OUT_DIR holding any of them is continued (--resume) or replaced (--overwrite).
+OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json",
+           CHECKPOINTS)
 
 
 @dataclass
@@ -70,6 +73,10 @@ class RetrievalTrainConfig:
     device: str = "cpu"
     progress: bool = True
     overwrite: bool = False
+    resume: bool = False  # continue OUT_DIR from its training state (`resumable.run`)
+    # A training state every this many steps: the labelled tasks' default (`FinetuneConfig`), which
+    # `bertkit finetune` passes on.
+    save_every: int = 200
 
     def __post_init__(self) -> None:
         for name in ("model", "train", "out_dir", "eval", "mine_model", "teacher"):
@@ -87,7 +94,7 @@ class RetrievalTrainConfig:
                 self.matryoshka_dims = parse_dims(self.matryoshka_dims)
             except ValueError as err:
                 problems.append(str(err))
-        for name in ("epochs", "batch_size", "max_length", "mine_depth", "mini_batch_size"):
+        for name in ("epochs", "batch_size", "max_length", "mine_depth", "mini_batch_size", "save_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
@@ -122,6 +129,8 @@ class RetrievalTrainConfig:
             problems.append(f"scale must be > 0, got {self.scale!r}")
         if self.lr is not None and not self.lr > 0:
             problems.append(f"lr must be > 0, got {self.lr!r}")
+        if self.resume and self.overwrite:
+            problems.append("resume and overwrite exclude each other; pass one")
         if problems:
             raise ValueError("invalid retrieval training settings: " + "; ".join(problems))
 
@@ -134,9 +143,6 @@ RETRIEVAL_OPTIONS = ("pooling", "scale", "hard_negatives", "negatives", "loss", 
 def from_finetune_config(config: Any, **extra: Any) -> RetrievalTrainConfig:
     """The retrieval settings of a `train.finetune.FinetuneConfig` whose task is embed / rerank
     (fields the two share, plus `extra` RETRIEVAL_OPTIONS; the rest keep their defaults)."""
-    if config.resume:
-        raise ValueError(f"--resume is not available for --task {config.task} (its runs are short "
-                         "and restart from the model); run it again with --overwrite")
     shared = {f.name for f in dataclasses.fields(RetrievalTrainConfig)}
     values = {k: v for k, v in dataclasses.asdict(config).items() if k in shared}
     values.update(extra)

@@ -7,7 +7,10 @@ epoch's `epoch_examples` from them, `count_pairs`, the batch `loss` (with `GATHE
 the whole batch that takes the ranks to gather embeddings from under torchrun), the `pooling` a
 LoRA side file records, the files it `save_extras` beside the model, its `chance_loss` and
 `baseline`. Their epochs come from one generator seeded once (`random.Random(seed)`: an epoch's
-draws, then its order), so these runs are not resumable: an existing OUT_DIR is only replaced.
+draws, then its order), drawn again from the start when a run resumes (`resumable.run`), so a
+resumed run trains the epoch in progress as the whole run did. Training states hold the model by
+`lora.save_weights`: a LoRA model's frozen base and its adapters apart, read back by
+`lora.load_weights` into the model the run built and adapted.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def parts(task: str) -> Parts:
         count=trainer.count_pairs, adapt=_adapt,
         # One pair is trained on: a bi-encoder's row may bring its own hard negatives, and a
         # cross-encoder's query reads its own pairs only.
-        in_batch=_never, whole_batch=trainer.GATHERS, resumable=False, outputs=OUTPUTS)
+        in_batch=_never, whole_batch=trainer.GATHERS, outputs=OUTPUTS,
+        write_state=lora.save_weights, restore=_restore)
 
 
 def _never(config: RetrievalTrainConfig) -> bool:
@@ -68,8 +72,14 @@ def _tokenizer(directory: Path, config: RetrievalTrainConfig):
 
 
 def _build(trainer: ModuleType, directory: Path, config: RetrievalTrainConfig) -> nn.Module:
-    """The trainer's model from config.model (`directory`: no training state is ever read back)."""
+    """The trainer's model from config.model, whatever `directory` is (a training state's weights
+    are loaded by `_restore`, into the model the run adapted)."""
     return trainer.build(config)
+
+
+def _restore(model: nn.Module, state: Path, config: RetrievalTrainConfig) -> None:
+    """A training state's weights (and adapters) into the model, adapted as the run's was."""
+    lora.load_weights(model, state)
 
 
 def _adapt(model: nn.Module, config: RetrievalTrainConfig) -> None:

@@ -8,13 +8,16 @@ saving, evaluation and the health checks are this module's, so a fix to any of t
     → epochs of AdamW steps over batches of batch_size examples, the trainer's loss of each
     → the trainer saves the model and scores it on `eval`; steps.jsonl, eval.json, the health checks
 
-Exact resume (a trainer with `Parts.resumable`: SPLADE, ColBERT): the trainer draws an epoch's
-examples the same whenever asked (SPLADE and ColBERT from `random.Random(f"{seed}:{epoch}")`,
-`pair_epochs`), and a training state (weights, optimizer, schedule, every rank's generators, the
-steps so far) is written every `save_every` steps (`train.state`), so `resume=True` continues with
-the batches, negatives and dropout draws the whole run would have made. A resumed run may change
-only `RESUMABLE_CHANGES`. The bi-encoder and the cross-encoder draw every epoch from one generator
-seeded once, and are not resumable (their runs are short).
+Exact resume (every trainer: `Parts.resumable`): the epochs are drawn again in order, from the
+start, whenever a run starts (SPLADE and ColBERT from `random.Random(f"{seed}:{epoch}")`,
+`pair_epochs`; the bi-encoder and the cross-encoder from one generator seeded once, `loop.py`),
+so a resumed run holds the epoch it was killed in as the whole run held it, and a teacher's
+scores cached in OUT_DIR are read back, not computed again. A training state (weights, LoRA
+adapters apart from their frozen base, optimizer, schedule, every rank's generators, the steps
+so far, a digest of the epoch in progress) is written every `save_every` steps (`train.state`),
+so `resume=True` continues with the batches, negatives and dropout draws the whole run would
+have made. A resumed run may change only `RESUMABLE_CHANGES`; a finished run, or an epoch drawn
+otherwise than the state's (other data), is refused.
 
 Under torchrun (`train.parallel`, for a trainer with `Parts.torchrun`) each rank runs its slice of
 every batch and rank 0 writes OUT_DIR and scores it; a trainer with `torchrun=False` runs as one
@@ -27,6 +30,7 @@ negatives (the row's own, then BM25's look-alikes: `mine_bm25`, `pair_epochs`) a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -56,7 +60,8 @@ log = logging.getLogger(__name__)
 OUTPUTS = ("config.json", "model.safetensors", FINETUNE_CONFIG, "eval.json", "steps.jsonl", "modules.json",
            train_state.CHECKPOINTS)
 # Settings a resumed run may change: they do not alter the sequence of updates.
-RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "eval"}
+# out_dir: the run read back is the directory's, however its path is spelled.
+RESUMABLE_CHANGES = {"resume", "overwrite", "progress", "device", "save_every", "eval", "out_dir"}
 MINERS = ("bm25", "none")  # where a row without its own negatives gets one (SPLADE, ColBERT)
 
 
@@ -116,6 +121,10 @@ def _examples(examples: list[Any], config: Any) -> int:
     return len(examples)
 
 
+def _save_pretrained(model: nn.Module, directory: Path) -> None:
+    model.save_pretrained(directory)
+
+
 def width_lr(directory: Path, config: Any) -> float:
     """The learning rate by the model's width (`optim.default_lr`)."""
     from bertkit.encoder.config import BertConfig
@@ -158,6 +167,12 @@ class Parts:
     # OUT_DIR is only replaced (--overwrite), never continued.
     resumable: bool = True
     card: bool = True  # writes a model card (README.md, `train.card`)
+    # (model, a training state's directory): the weights a state holds (a LoRA model: its base
+    # and its adapters apart, `lora.save_weights`)
+    write_state: Callable[[nn.Module, Path], None] = _save_pretrained
+    # (model, a training state's directory, config): those weights loaded into the model; None:
+    # `build` reads the state's directory and the model takes that model's weights
+    restore: Callable[[nn.Module, Path, Any], None] | None = None
     outputs: tuple[str, ...] = OUTPUTS  # the files that make OUT_DIR a run's
 
 
@@ -251,8 +266,7 @@ def run(config: Any, parts: Parts) -> dict[str, Any]:
     config.lr = config.lr or parts.lr(directory, config)
     resume_from = None
     if parts.resumable and config.resume:
-        resume_from = train_state.resume_checkpoint(out, dataclasses.asdict(config), out / FINETUNE_CONFIG,
-                                                    RESUMABLE_CHANGES)
+        resume_from = _resume_point(config, out)
     distributed.barrier(info)  # every rank has read OUT before rank 0 changes it
     if config.overwrite and info.is_main:
         for name in parts.outputs:
@@ -286,6 +300,23 @@ def run(config: Any, parts: Parts) -> dict[str, Any]:
     return finish(out, summary, started, card=parts.card)
 
 
+def _resume_point(config: Any, out: Path) -> Path | None:
+    """The training state to continue from, once the settings are found to be the run's; None
+    when the run was killed before its first one (it starts again from step 0). A finished run
+    (eval.json written, its states removed) is refused: there is nothing to continue."""
+    if train_state.latest_checkpoint(out) is None and (out / "eval.json").is_file():
+        raise ValueError(f"{out} holds a finished run (eval.json); nothing to resume. Pass --overwrite "
+                         "to train it again, or choose another --out")
+    return train_state.resume_checkpoint(out, dataclasses.asdict(config), out / FINETUNE_CONFIG,
+                                         RESUMABLE_CHANGES)
+
+
+def epoch_digest(examples: list[Any]) -> str:
+    """A fingerprint of an epoch's examples in batch order (their texts, negatives and scores),
+    kept in a training state: a resumed run must draw the epoch it continues as the run did."""
+    return hashlib.sha256(repr(examples).encode("utf-8")).hexdigest()[:16]
+
+
 def _check_out(config: Any, parts: Parts) -> Path:
     """OUT_DIR checked before any work: a resumable run's may be continued (`resume`) or replaced
     (`overwrite`); another run's only replaced."""
@@ -314,9 +345,13 @@ def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: Any, parts: Pa
         out.mkdir(parents=True, exist_ok=True)
     steps: list[dict[str, Any]] = []
     step = 0
+    saved: dict[str, Any] = {}
     if resume_from is not None:
         saved = train_state.load_trainer_state(resume_from)
-        model.load_state_dict(parts.build(resume_from, config).state_dict())
+        if parts.restore is not None:
+            parts.restore(model, resume_from, config)
+        else:
+            model.load_state_dict(parts.build(resume_from, config).state_dict())
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["scheduler"])
         parallel.restore_rank_rng(saved, info)
@@ -331,9 +366,17 @@ def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: Any, parts: Pa
     engine = parallel.data_parallel(model, info)
     model.train()
     for epoch in range(1, config.epochs + 1):
+        # Every epoch is drawn, those already trained too: a trainer whose epochs come from one
+        # generator (embed, rerank) reaches the epoch in progress with that generator's state.
         examples = first if epoch == 1 else draw(epoch)
         batches = [examples[i:i + config.batch_size] for i in range(0, len(examples), config.batch_size)]
         done = max(0, step - (epoch - 1) * steps_per_epoch)
+        resumed_in = epoch == saved.get("epoch")  # the epoch a training state was written in
+        digest = epoch_digest(examples) if parts.resumable and (done < len(batches) or resumed_in) else ""
+        if resumed_in and digest != saved["epoch_digest"]:
+            raise ValueError(f"{resume_from} was trained on another epoch {epoch} than {config.train} gives "
+                             "now (the rows or the teacher changed); resume with the original data, or start "
+                             "over with --overwrite")
         for batch in tqdm(batches[done:], desc=f"epoch {epoch}/{config.epochs}",
                           disable=not (config.progress and info.is_main)):
             part = parallel.shard(batch, info)
@@ -348,18 +391,20 @@ def _train(model: nn.Module, aid: Any, pairs: list[Pair], config: Any, parts: Pa
             step += 1
             steps.append({"step": step, "epoch": epoch, "loss": value, **fields, "lr": schedule.get_last_lr()[0]})
             if parts.resumable and step % config.save_every == 0 and step < total:
-                _save_state(model, optimizer, schedule, info, out, step, steps)
+                _save_state(model, optimizer, schedule, info, out, parts, {
+                    "step": step, "steps": steps, "epoch": epoch, "epoch_digest": digest})
     return steps, step, first
 
 
-def _save_state(model: nn.Module, optimizer, schedule, info: DistInfo, out: Path, step: int,
-                steps: list[dict[str, Any]]) -> None:
-    """The training state after `step` updates, in OUT/checkpoints (the newest only)."""
+def _save_state(model: nn.Module, optimizer, schedule, info: DistInfo, out: Path, parts: Parts,
+                progress: dict[str, Any]) -> None:
+    """The training state after `progress["step"]` updates (with the step records, the epoch in
+    progress and its digest), in OUT/checkpoints (the newest only)."""
     rngs = parallel.rank_rng_states(info)  # every rank calls: dropout streams are per rank
     if info.is_main:
-        train_state.save_checkpoint(out, step, model, None, {
+        train_state.save_checkpoint(out, progress["step"], model, None, {
             "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
-            "rng": rngs[0], "rank_rngs": rngs, "step": step, "steps": steps}, keep=1, publish=False)
+            "rng": rngs[0], "rank_rngs": rngs, **progress}, keep=1, write_model=parts.write_state, publish=False)
 
 
 def finish(out: Path, summary: dict[str, Any], started: float, *, card: bool = True) -> dict[str, Any]:
