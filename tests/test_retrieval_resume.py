@@ -85,6 +85,7 @@ def test_embed_stopped_and_resumed_is_the_whole_run(data, tmp_path, monkeypatch,
     caplog.set_level("INFO")
     loop.finetune_retrieval(**settings(data, cut, "embed", resume=True, **EMBED_CASES[case]))
     assert "resuming from" in caplog.text and "(step 6 of 8)" in caplog.text
+    assert "newly initialised" not in caplog.text  # a resumed LoRA run's adapters come from its state
     assert_same_run(whole, cut)
 
 

@@ -60,7 +60,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -313,8 +313,11 @@ def resolve_aliases(converted: dict[str, torch.Tensor], own: dict[str, torch.Ten
     return out
 
 
-def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
-    """Copy Hugging Face–named tensors into `model`; report what was missing or unused."""
+def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str,
+              loaded_next: Callable[[str], bool] | None = None) -> LoadReport:
+    """Copy Hugging Face–named tensors into `model`; report what was missing or unused.
+    loaded_next: names (the model's own) the caller loads from elsewhere next, such as a resumed
+    run's LoRA adapters: not reported as missing."""
     has_prefix = hasattr(model, "bert")
     config = model.config
     converted = from_hf_state_dict(state, has_base_prefix=has_prefix, config=config)
@@ -329,7 +332,8 @@ def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: st
                 "num_labels) matches the weights")
     result = model.load_state_dict({k: v for k, v in converted.items() if k in own}, strict=False)
     unused = {k: v for k, v in converted.items() if k not in own}
-    report = LoadReport(missing=sorted(to_hf_state_dict({n: own[n] for n in result.missing_keys}, config)),
+    missing = [n for n in result.missing_keys if loaded_next is None or not loaded_next(n)]
+    report = LoadReport(missing=sorted(to_hf_state_dict({n: own[n] for n in missing}, config)),
                         unexpected=sorted(to_hf_state_dict(unused, config)))
     # New weights matter (a head to train); unused ones are routine (a head the task does not need).
     if report.missing:

@@ -429,9 +429,10 @@ def save_weights(model: nn.Module, out_dir: Path) -> None:
 def load_weights(model: nn.Module, directory: Path) -> None:
     """Inverse of `save_weights`."""
     state = read_state_dict(directory)
-    load_into(model, state, str(directory))
     if getattr(model, "lora_spec", None) is None:
+        load_into(model, state, str(directory))
         return
+    load_into(model, state, str(directory), loaded_next=lambda name: ".lora_" in name)
     adapters = load_file(str(directory / STATE_WEIGHTS))
     result = model.load_state_dict(adapters, strict=False)
     absent = [k for k in result.missing_keys if ".lora_" in k]
