@@ -231,6 +231,27 @@ def test_cached_replay_draws_the_same_dropout(tmp_path):
     assert max((grads_a[n] - g).abs().max().item() for n, g in grads_c.items()) > 1e-4
 
 
+def test_cached_first_pass_runs_the_replays_ops(tmp_path, monkeypatch):
+    """GradCache's pass without a graph takes the encoder's training path, as its replays do: no
+    fused oneDNN linear (which caches a primitive per token count), though a pass without a graph
+    outside GradCache takes it where oneDNN is present."""
+    from bertkit.encoder import fused
+
+    taken = []
+    usable = fused.usable
+    monkeypatch.setattr(fused, "usable", lambda module, x: taken.append(usable(module, x)) or taken[-1])
+    base = tiny_encoder(tmp_path / "base")
+    settings = rt.RetrievalTrainConfig(task="embed", model=str(base), train="t", out_dir="o", max_length=24,
+                                       loss="cached-mnrl", mini_batch_size=4)
+    model = biencoder.build(settings).eval()
+    _grads(model, _rows(), settings)
+    assert taken and not any(taken)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[2, 5, 6, 3]]), token_type_ids=torch.zeros(1, 4, dtype=torch.long),
+              attention_mask=torch.ones(1, 4, dtype=torch.long))
+    assert any(taken) == fused._available(torch.float32)
+
+
 def test_cached_mnrl_matches_sentence_transformers_cached_loss(tmp_path):
     """The loss value of sentence-transformers' CachedMultipleNegativesRankingLoss on the model
     our run saved, for the same texts (its embeddings equal ours to 1e-5)."""
