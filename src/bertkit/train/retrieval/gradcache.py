@@ -12,6 +12,18 @@ One step (`cached_loss`):
 4. each mini-batch is embedded again with a graph and back-propagated with its slice of that
    gradient, so the encoder's activations are held for one mini-batch at a time.
 
+Memory (`bench/cached_loss.py`, docs/benchmarks.md): what a step holds beyond one mini-batch's
+activations grows with the batch by its embeddings and their gradients only ((B_i, H) each), and
+the loss, whose (B, C) logits `losses.multiple_negatives_ranking_loss` builds a chunk of rows at a
+time. Two things made the process grow with the number of mini-batches instead, and are cut here:
+- step 1 runs the encoder's training ops (`fused.unfused`), as the replay does: the fused oneDNN
+  path of inference kept a cached primitive per token count, one per mini-batch of another length
+  (~16 MiB over a 1,024-row batch of MiniLM), and its embeddings now equal the replay's exactly;
+- on the CPU, glibc's free pages go back to the kernel before each replay (`malloc_trim`): each
+  replay's activations, freed, left holes in the heap that the next replay's, of another token
+  count, did not fit, so the resident heap crept by ~2 MiB a mini-batch (+120 MiB from the first
+  of 64 replays to the last, while the memory in use stayed flat).
+
 Step 4 runs at once for every mini-batch but the last; the last one's graph joins the returned
 loss, so the caller's `loss.backward()` runs it. Under DistributedDataParallel this is GradCache's
 own recipe (`no_sync` for every mini-batch but the last, then one all-reduce): the step runs
@@ -38,6 +50,9 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from bertkit.backend.malloc import glibc
+from bertkit.encoder import fused
+
 Batch = dict[str, torch.Tensor]
 
 
@@ -60,7 +75,7 @@ def cached_loss(embed: Callable[[Batch], torch.Tensor], batches: Sequence[Batch]
                for start in range(0, len(batch["attention_mask"]), mini_batch_size)] for batch in batches]
     states: list[_RandomState] = []
     embeddings = []
-    with torch.no_grad():  # step 1
+    with torch.no_grad(), fused.unfused():  # step 1, by the replay's ops (module docstring)
         for parts in chunks:
             outputs = []
             for part in parts:
@@ -80,11 +95,14 @@ def cached_loss(embed: Callable[[Batch], torch.Tensor], batches: Sequence[Batch]
             rows = len(part["attention_mask"])
             replays.append((part, grad[start:start + rows]))  # (b, H)
             start += rows
+    release = _release_freed(batches)
     for (part, grad), state in zip(replays[:-1], states[:-1]):  # step 4: all but the last, now
+        release()
         out = _replay(embed, part, state)  # (b, H)
         if out.requires_grad:  # a frozen encoder has nothing to replay into
             torch.autograd.backward(out, grad)
     (part, grad), state = replays[-1], states[-1]
+    release()
     out = _replay(embed, part, state)  # (b, H), its graph kept for the caller's backward
     if not out.requires_grad:
         return loss.detach()
@@ -100,6 +118,15 @@ def _as_is(grad: torch.Tensor) -> None:
         raise RuntimeError(f"a GradCache loss was back-propagated with gradient {grad.tolist()}, not 1: its "
                            "earlier mini-batches were back-propagated with 1 when it was computed; call "
                            "backward on the loss itself and scale inside the loss function instead")
+
+
+def _release_freed(batches: Sequence[Batch]) -> Callable[[], None]:
+    """What gives the C heap's free pages back to the kernel before a replay: glibc's
+    malloc_trim(0) for batches on the CPU (module docstring), nothing on a GPU or another libc."""
+    libc = glibc() if all(v.device.type == "cpu" for batch in batches for v in batch.values()) else None
+    if libc is None:
+        return lambda: None
+    return lambda: libc.malloc_trim(0)
 
 
 def _replay(embed: Callable[[Batch], torch.Tensor], part: Batch, state: _RandomState) -> torch.Tensor:

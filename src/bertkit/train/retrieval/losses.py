@@ -41,12 +41,64 @@ log = logging.getLogger(__name__)
 PAIRS, SCORED, TEACHER = "pairs", "scored", "teacher"
 
 
+# Query rows whose logits one chunk of the in-batch loss holds: 2^18 logits (1 MiB in float32),
+# so the loss's memory stops growing with batch × candidates (a (1,024, 1,024) batch is 4 chunks of
+# 256 rows, each still one matrix product of hundreds of rows).
+CHUNK_LOGITS = 1 << 18
+
+
 def multiple_negatives_ranking_loss(queries: torch.Tensor, candidates: torch.Tensor,
                                     scale: float = 20.0) -> torch.Tensor:
     """queries (B, H), candidates (C, H) with C ≥ B, candidate i the positive of query i and the
-    rest (other positives, hard negatives) its negatives → mean cross-entropy of scale × cosine."""
-    logits = scale * F.normalize(queries, dim=-1) @ F.normalize(candidates, dim=-1).T  # (B, C)
-    return F.cross_entropy(logits, torch.arange(len(queries), device=logits.device))
+    rest (other positives, hard negatives) its negatives → mean cross-entropy of scale × cosine.
+
+    The (B, C) logits are never held whole: `_InBatchCrossEntropy` computes them a chunk of query
+    rows at a time, forward and backward. Where we differ from sentence-transformers (which
+    builds the whole matrix and calls cross_entropy): the same value and gradients up to float
+    rounding, the softmax of 16-bit embeddings taken in float32."""
+    rows = max(1, CHUNK_LOGITS // max(1, len(candidates)))
+    return _InBatchCrossEntropy.apply(F.normalize(queries, dim=-1), F.normalize(candidates, dim=-1), scale, rows)
+
+
+class _InBatchCrossEntropy(torch.autograd.Function):
+    """mean over i of −log softmax(scale · q_i · cᵀ)[i] for unit vectors q (B, H), c (C, H),
+    `rows` query rows at a time. Holds only q and c for the backward, which builds each chunk's
+    logits again (one more (rows, H) × (H, C) product per chunk) instead of keeping the (B, C)
+    logits, their softmax and its gradient (sentence-transformers' CachedMultipleNegativesRankingLoss
+    likewise computes its loss a mini-batch of rows at a time). Each chunk's log-softmax is
+    torch's, as cross_entropy's: a near-zero loss keeps its precision."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, c: torch.Tensor, scale: float, rows: int) -> torch.Tensor:
+        qw, cw = q.to(_wide(q.dtype)), c.to(_wide(c.dtype))
+        total = qw.new_zeros(())
+        for start in range(0, len(q), rows):
+            logits = scale * qw[start:start + rows] @ cw.T  # (r, C)
+            total -= torch.log_softmax(logits, dim=1).diagonal(offset=start).sum()  # row i's target: column start + i
+        ctx.save_for_backward(q, c)
+        ctx.scale, ctx.rows = scale, rows
+        return (total / len(q)).to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        q, c = ctx.saved_tensors
+        qw, cw = q.to(_wide(q.dtype)), c.to(_wide(c.dtype))
+        dq, dc = torch.empty_like(qw), torch.zeros_like(cw)  # (B, H), (C, H)
+        weight = grad.to(qw.dtype) * ctx.scale / len(q)  # d loss / d (q_i · c_j) = weight · (softmax − one-hot)
+        for start in range(0, len(q), ctx.rows):
+            end = min(start + ctx.rows, len(q))
+            delta = torch.softmax(ctx.scale * qw[start:end] @ cw.T, dim=1)  # (r, C) the softmax ...
+            delta.diagonal(offset=start).sub_(1)  # ... minus each row's one-hot target
+            delta *= weight
+            dq[start:end] = delta @ cw  # (r, H)
+            dc += delta.T @ qw[start:end]  # (C, H)
+        return dq.to(q.dtype), dc.to(c.dtype), None, None
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a softmax is taken in: float32 for 16-bit inputs (exp of logits up to ±scale)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def ranked_pairs_loss(similarities: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
