@@ -22,11 +22,12 @@ ratio between servers, measured in one run, is what to read. Last line: the spee
 clients (or the largest level run) over the best peer.
 `--memory`: bertkit alone at 64 clients for --seconds, its resident memory (VmRSS) sampled every
 0.5 s: at rest after warm-up, peak and steady under load, after it; anonymous memory by kind
-(glibc's heaps, other mappings) from /proc/PID/smaps. `--server-env "K=V ..."` (repeatable) adds
-a server started with those variables (BERTKIT_MALLOC=default, MALLOC_ARENA_MAX=2, LD_PRELOAD=...)
-beside the default one, in the same run. `--soak MINUTES`: the same for MINUTES, a row a minute,
-and the growth from the first minute to the last. Last line: the default server's figures against
-the goal (steady ≤ 1.3× rest).
+(glibc's heaps, other mappings) from /proc/PID/smaps, file-backed memory, minor page faults per
+request (what giving memory back costs) and the /metrics bucket of the largest run's tokens.
+`--server-env "K=V ..."` (repeatable) adds a server started with those variables
+(BERTKIT_MALLOC=default, MALLOC_ARENA_MAX=2, LD_PRELOAD=...) beside the default one, in the same
+run. `--soak MINUTES`: the same for MINUTES, a row a minute, and the growth from the first minute
+to the last. Last line: the default server's figures against the goal (steady ≤ 1.3× rest).
 """
 
 from __future__ import annotations
