@@ -22,11 +22,12 @@ ratio between servers, measured in one run, is what to read. Last line: the spee
 clients (or the largest level run) over the best peer.
 `--memory`: bertkit alone at 64 clients for --seconds, its resident memory (VmRSS) sampled every
 0.5 s: at rest after warm-up, peak and steady under load, after it; anonymous memory by kind
-(glibc's heaps, other mappings) from /proc/PID/smaps. `--server-env "K=V ..."` (repeatable) adds
-a server started with those variables (BERTKIT_MALLOC=default, MALLOC_ARENA_MAX=2, LD_PRELOAD=...)
-beside the default one, in the same run. `--soak MINUTES`: the same for MINUTES, a row a minute,
-and the growth from the first minute to the last. Last line: the default server's figures against
-the goal (steady ≤ 1.3× rest).
+(glibc's heaps, other mappings) from /proc/PID/smaps, file-backed memory, minor page faults per
+request (what giving memory back costs) and the /metrics bucket of the largest run's tokens.
+`--server-env "K=V ..."` (repeatable) adds a server started with those variables
+(BERTKIT_MALLOC=default, MALLOC_ARENA_MAX=2, LD_PRELOAD=...) beside the default one, in the same
+run. `--soak MINUTES`: the same for MINUTES, a row a minute, and the growth from the first minute
+to the last. Last line: the default server's figures against the goal (steady ≤ 1.3× rest).
 """
 
 from __future__ import annotations
@@ -356,6 +357,29 @@ def status_mib(pid: int) -> dict[str, float]:
     return fields
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of a process so far (/proc/PID/stat): each is a page touched again
+    after the allocator handed it back, the CPU cost that keeping freed memory avoids."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[7])  # minflt, field 10 of stat(5); fields[0] is field 3 (state)
+
+
+def largest_run(port: int) -> str:
+    """The smallest bucket of bertkit_batch_tokens (/metrics) that holds every model run so far,
+    as "≤ N": what bounds the activations of the largest forward."""
+    import httpx
+
+    buckets: dict[float, float] = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        if line.startswith("bertkit_batch_tokens_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = buckets.get(float("inf"), 0.0)
+    bound = min((b for b, n in buckets.items() if n >= total), default=float("inf"))
+    return f"≤{bound:.0f}" if bound != float("inf") else ">32768"
+
+
 def anonymous_parts(pid: int) -> dict[str, float]:
     """Resident anonymous memory by where it lives, in MiB (/proc/PID/smaps): `heap` glibc's main
     arena ([heap], grown by brk), `arenas` the heaps of its other arenas (one or more per arena,
@@ -424,6 +448,8 @@ class MemoryRun:
     ok: int
     seconds: float
     errors: dict
+    faults: int  # minor page faults under load
+    runs: str  # the bucket of tokens that holds every model run ("≤2048")
 
     def row(self) -> str:
         rest, under = self.rest, self.under
@@ -431,12 +457,15 @@ class MemoryRun:
                 f"{self.after['VmRSS']:>6.0f} {self.after['VmHWM']:>6.0f} {self.steady / rest['VmRSS']:>6.2f} "
                 f"{rest['heap']:>5.0f}/{under['heap']:<5.0f} {rest['arenas']:>4.0f}/{under['arenas']:<4.0f} "
                 f"{under['arena_heaps']:>3} {rest['mmap']:>4.0f}/{under['mmap']:<4.0f} "
-                f"{self.ok / self.seconds:>6.1f}  {', '.join(f'{k}: {v}' for k, v in self.errors.items()) or '-'}")
+                f"{rest['RssFile']:>4.0f}/{under['RssFile']:<4.0f} {self.faults / max(self.ok, 1):>7.0f} "
+                f"{self.runs:>6} {self.ok / self.seconds:>6.1f}  "
+                f"{', '.join(f'{k}: {v}' for k, v in self.errors.items()) or '-'}")
 
 
 MEMORY_HEADER = (f"{'server':28} {'rest':>6} {'peak':>6} {'steady':>6} {'after':>6} {'HWM':>6} {'ratio':>6} "
-                 f"{'heap':>11} {'arenas':>9} {'n':>3} {'mmap':>9} {'req/s':>6}  errors   (MiB; heap, arenas, "
-                 "mmap: anonymous, at rest/under load)")
+                 f"{'heap':>11} {'arenas':>9} {'n':>3} {'mmap':>9} {'file':>9} {'flt/req':>7} {'runs':>6} "
+                 f"{'req/s':>6}  errors   (MiB; heap, arenas, mmap: anonymous, file: file-backed, at "
+                 "rest/under load; flt/req: minor page faults per request; runs: tokens of the largest run)")
 
 
 def measure_memory(server: Server, texts: list[str], lengths: list[int], seconds: float,
@@ -448,6 +477,7 @@ def measure_memory(server: Server, texts: list[str], lengths: list[int], seconds
         asyncio.run(load(server, texts[:50], lengths[:50], 4, 5, 30))  # every code path once
         time.sleep(SETTLE)
         rest = {**status_mib(pid), **anonymous_parts(pid)}
+        faults = minor_faults(pid)
         sampler = Sampler(pid)
         end = time.monotonic() + seconds
         ok, errors, load_seconds, minutes = 0, {}, 0.0, []
@@ -464,7 +494,9 @@ def measure_memory(server: Server, texts: list[str], lengths: list[int], seconds
                 print(level.row(), f"rss median {minutes[-1]:.0f} MiB, max "
                       f"{max(sampler.between(started, sampler.now()), default=float('nan')):.0f}", flush=True)
         stopped = sampler.now()
-        under = anonymous_parts(pid)
+        under = {**status_mib(pid), **anonymous_parts(pid)}
+        faults = minor_faults(pid) - faults
+        runs = largest_run(server.port)
         time.sleep(SETTLE)
         after = status_mib(pid)
         sampler.stop()
@@ -472,7 +504,7 @@ def measure_memory(server: Server, texts: list[str], lengths: list[int], seconds
         server.stop()
     loaded = sampler.between(0.0, stopped)
     return MemoryRun(server.name, rest, under, after, max(loaded), statistics.median(loaded[len(loaded) // 2:]),
-                     minutes, ok, load_seconds, errors)
+                     minutes, ok, load_seconds, errors, faults, runs)
 
 
 def memory(model: Path, texts: list[str], lengths: list[int], args) -> None:

@@ -1,4 +1,5 @@
-"""bertkit.backend.malloc: an engine's batch buffers come back without new page faults (glibc only)."""
+"""bertkit.backend.malloc: an engine's batch buffers come back without new page faults, and a
+server's model thread gives its freed heap back (glibc only)."""
 
 import os
 import platform
@@ -58,3 +59,58 @@ def test_an_engine_caps_the_shape_keyed_op_caches_unless_the_environment_sets_th
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "8")
     Engine.load(minilm_dir)
     assert os.environ["LRU_CACHE_CAPACITY"] == "8"
+
+
+# A thread of its own (as a server's model thread) touches and frees 40 MiB, which glibc serves
+# from that thread's arena; then malloc_trim(0), as the server's trims. Prints whether the
+# server's threshold is in effect and what stayed resident, in MiB. ORDER: "engine" (the engine's
+# thresholds alone), "served" (the server's after them), "served-first" (the server's before any
+# engine: the first engine takes it).
+THREAD_PROBE = """
+import ctypes, sys, threading
+from bertkit.backend import malloc
+order = sys.argv[1]
+served = malloc.bound_thread_heaps() if order == "served-first" else False
+assert malloc.keep_freed_memory()
+if order == "served":
+    served = malloc.bound_thread_heaps()
+assert malloc.keep_freed_memory()  # another engine loaded later keeps the threshold in effect
+libc = malloc.glibc()
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+
+def rss_mib():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")) / 1024
+
+def work(size=40 << 20):
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+
+before = rss_mib()
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+libc.malloc_trim(0)
+print(served, malloc._trim_threshold, round(rss_mib() - before))
+"""
+
+
+@pytest.mark.parametrize("order", ["served", "served-first"])
+def test_a_server_gives_back_what_its_model_thread_freed(order):
+    """With the engine's thresholds alone, a block freed on a thread stays resident even after
+    malloc_trim (the top of a thread arena's heap, which only `free` returns, past a 1 GiB
+    threshold: the control); with the server's, it goes back, whichever was set first."""
+    def run(which: str) -> tuple[str, int, int]:
+        out = subprocess.run([sys.executable, "-c", THREAD_PROBE, which], capture_output=True, text=True,
+                             env={**os.environ, "BERTKIT_MALLOC": ""}, check=True, timeout=60)
+        applied, threshold, kept = out.stdout.split()
+        return applied, int(threshold), int(kept)
+
+    from bertkit.backend.malloc import SERVED_TRIM_THRESHOLD, TRIM_THRESHOLD
+
+    applied, threshold, kept = run("engine")
+    assert (applied, threshold) == ("False", TRIM_THRESHOLD)
+    assert kept >= 32, f"only {kept} MiB of 40 stayed with the engine's thresholds: the probe measures nothing"
+    applied, threshold, kept = run(order)
+    assert threshold == SERVED_TRIM_THRESHOLD and applied == str(order == "served")
+    assert kept <= 8, f"{kept} MiB of the 40 freed on a thread stayed resident with the server's threshold"

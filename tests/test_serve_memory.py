@@ -42,3 +42,45 @@ def test_an_idle_model_thread_gives_freed_memory_back_once(monkeypatch):
     answered, seen, later = asyncio.run(scenario())
     assert any(t > answered for t in seen), f"no trim after the last run; trims at {seen}, answered at {answered}"
     assert later == seen, f"{len(later) - len(seen)} more trims while idle, after the one that gave the runs back"
+
+
+def test_a_model_thread_gives_memory_back_once_it_has_grown(monkeypatch):
+    """Under load the trim comes after the first run that leaves resident memory more than
+    TRIM_GROWTH above what the last trim left, however soon (TRIM_EVERY is an hour here): runs
+    that grow it less are followed by none. A fake resident memory grows by each input's value
+    and falls back where it was when trimmed."""
+    resident = {"bytes": 1000}
+    trims: list[int] = []
+    seen: list[list[int]] = []  # the trims made before each run started
+
+    def trim(pad: int) -> None:
+        trims.append(resident["bytes"])
+        resident["bytes"] = 1000
+
+    def grow(model, key, items):
+        seen.append(list(trims))
+        resident["bytes"] += sum(items)
+        return list(items)
+
+    monkeypatch.setattr(scheduler, "_trimmer", lambda: trim)
+    monkeypatch.setattr(scheduler, "resident_bytes", lambda: resident["bytes"])
+    monkeypatch.setattr(scheduler, "TRIM_EVERY", 3600.0)
+    monkeypatch.setattr(scheduler, "TRIM_GROWTH", 0.1)
+    monkeypatch.setitem(scheduler.RUNNERS, "grow", grow)
+    model = SimpleNamespace(name="grow", base=None)
+
+    async def scenario() -> list[int]:
+        runs = scheduler.Scheduler(64, Metrics())
+        try:
+            for step in (50, 40, 20):  # 1050, 1090: within 10% of 1000; 1110: past it
+                assert await runs.submit(model, "grow", (), [step], 1) == [step]
+            deadline = time.monotonic() + WAIT
+            while not trims and time.monotonic() < deadline:  # the trim follows the last answer
+                await asyncio.sleep(0.02)
+            return list(trims)
+        finally:
+            await runs.stop()
+
+    after = asyncio.run(scenario())
+    assert seen == [[], [], []], f"trims before each run: {seen}; none was due within TRIM_GROWTH"
+    assert after == [1110], f"trims at {after} bytes; expected one, after the run that reached 1110"

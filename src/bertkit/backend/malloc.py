@@ -11,9 +11,12 @@ Allocators such as jemalloc or tcmalloc, preloaded, do the same; this needs no p
 
 The setting is process-wide, so the engine applies it once, on the CPU, where the C library is
 glibc; BERTKIT_MALLOC=default leaves malloc as it is. A long-lived server still gives memory
-back: its model thread calls malloc_trim every few seconds under load and once when it falls idle
-(`serve/scheduler.py`), which frees what the thresholds keep, so resident memory follows the load
-rather than its peak.
+back: its model thread calls malloc_trim under load (every few seconds, or sooner once resident
+memory has grown by a tenth) and once when it falls idle (`serve/scheduler.py`), which frees what
+the thresholds keep, so resident memory follows the load rather than its peak. malloc_trim
+cannot reach one part: the free top of the heaps of a thread's own arena (glibc gives every new
+thread an arena; a server's model runs on such a thread), which only `free` returns, past the
+trim threshold. So a server lowers that threshold (`bound_thread_heaps`).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ log = logging.getLogger(__name__)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
 MMAP_THRESHOLD = 256 << 20  # allocations above this still get their own mapping (e.g. a huge logits tensor)
 TRIM_THRESHOLD = 1 << 30  # free memory at the top of the heap beyond this goes back to the kernel
+SERVED_TRIM_THRESHOLD = 16 << 20  # the same for a server's process (see `bound_thread_heaps`)
 
 _applied: bool | None = None  # None: not tried yet
+_trim_threshold = TRIM_THRESHOLD  # what keep_freed_memory gives mallopt: bound_thread_heaps lowers it
 
 
 def glibc() -> ctypes.CDLL | None:
@@ -54,8 +59,32 @@ def keep_freed_memory() -> bool:
     if libc is None:
         return False
     ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-    _applied = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
+    _applied = libc.mallopt(M_TRIM_THRESHOLD, _trim_threshold) == 1 and ok
     return _applied
+
+
+def bound_thread_heaps() -> bool:
+    """Keep freed memory as `keep_freed_memory` does, but give back the free top of any heap past
+    SERVED_TRIM_THRESHOLD (16 MiB) when a block is freed; for a process whose model runs on a thread
+    of its own (a server). True if in effect now; where no engine on the CPU has set the
+    thresholds yet, the first to do so (`keep_freed_memory`) takes this one.
+
+    Why: glibc serves each new thread from an arena of its own, in heaps of up to 64 MiB, and
+    returns the free memory at the top of such a heap only from `free`, once it passes the trim
+    threshold; malloc_trim, which the server calls every few seconds, returns the free blocks
+    inside every heap but that top only in the main arena's. With the threshold at 1 GiB, above
+    any such heap, whatever the model thread's batches touched there stayed resident:
+    40 MiB freed on a thread was still resident after malloc_trim, and gone at 16 MiB
+    (`tests/test_malloc.py`). The cost is page faults where a freed top is touched again: a
+    served MiniLM at 64 clients faulted about as often per request as with 1 GiB (249 and 230
+    pages, docs/serving.md), its runs' largest tensors being tens of MiB at most.
+    """
+    global _applied, _trim_threshold
+    _trim_threshold = SERVED_TRIM_THRESHOLD
+    if not _applied:  # not set (yet), or BERTKIT_MALLOC=default: glibc's own thresholds trim already
+        return False
+    _applied = None
+    return keep_freed_memory()
 
 
 # oneDNN's cache of compiled primitives and PyTorch's cache of the ops built on them (both keyed by
@@ -78,3 +107,13 @@ def bound_op_caches() -> dict[str, str]:
     for name, value in OP_CACHE_CAPACITY.items():
         os.environ.setdefault(name, value)
     return {name: os.environ[name] for name in OP_CACHE_CAPACITY}
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (VmRSS) in bytes, from /proc/self/statm (one small read);
+    None where there is no /proc."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bertkit.backend.malloc import glibc
+from bertkit.backend.malloc import bound_thread_heaps, glibc, resident_bytes
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.metrics import Metrics
 from bertkit.serve.mixed import run_mixed
@@ -34,6 +34,7 @@ from bertkit.serve.runners import RUNNERS
 log = logging.getLogger(__name__)
 
 TRIM_EVERY = 2.0  # seconds between giving the C heap's free memory back to the OS (see _trimmer)
+TRIM_GROWTH = 0.1  # ... or sooner, once resident memory is this share above what the last trim left
 
 
 def _trimmer() -> Callable[[], Any] | None:
@@ -47,7 +48,10 @@ def _trimmer() -> Callable[[], Any] | None:
     malloc_trim(0) every TRIM_EVERY seconds returns the free pages for a few milliseconds' work,
     and once more TRIM_EVERY after the last run when the queue stays empty, so a server that falls
     idle gives back what its last runs freed (at rest after warm-up, int8: 348 MiB against 390
-    without it; docs/serving.md).
+    without it; docs/serving.md). A clock alone bounds memory by the runs that fit in TRIM_EVERY,
+    more on a faster machine (fp32 at 64 clients: 1.43× its rest on a quiet machine, 1.22× on a
+    busy one), so a run also trims once resident memory (one read of /proc/self/statm) is
+    TRIM_GROWTH above what the last trim left: the bound is then the growth, whatever the rate.
     """
     libc = glibc()  # None where the C library is not glibc (musl, macOS): nothing to trim with
     return None if libc is None else libc.malloc_trim
@@ -98,6 +102,8 @@ class Scheduler:
         self._running: list[Job] = []  # the jobs the model thread runs now
         self._trim, self._trimmed = _trimmer(), time.monotonic()
         self._untrimmed = False  # runs have freed memory since the last trim (glibc only)
+        self._floor = resident_bytes()  # resident memory the last trim left (None: unknown)
+        bound_thread_heaps()  # the model thread's heaps are beyond malloc_trim's reach (backend.malloc)
         self._thread.start()
 
     # -- the event loop's side ---------------------------------------------------------------
@@ -176,14 +182,20 @@ class Scheduler:
             with self._cond:
                 self._running = []
             self._untrimmed = self._trim is not None
-            if self._untrimmed and time.monotonic() - self._trimmed > TRIM_EVERY:
+            if self._untrimmed and (time.monotonic() - self._trimmed > TRIM_EVERY or self._grown()):
                 self._give_back()
+
+    def _grown(self) -> bool:
+        """Whether resident memory is TRIM_GROWTH above what the last trim left."""
+        now = resident_bytes()
+        return now is not None and self._floor is not None and now > self._floor * (1 + TRIM_GROWTH)
 
     def _give_back(self) -> None:
         """The C heap's free pages back to the OS (malloc_trim), timed in /metrics."""
         start = time.monotonic()
         self._trim(0)
         self._trimmed, self._untrimmed = time.monotonic(), False
+        self._floor = resident_bytes()
         self.metrics.trim_seconds.observe(self._trimmed - start)
 
     def _run(self, jobs: list[Job]) -> None:
