@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -263,17 +264,22 @@ def test_classify_two_processes_killed_and_resumed_match_one(tmp_path):
     args = ["--task", "classify", "--model", str(model), "--train", str(train), "--batch-size", "4",
             "--epochs", "2", "--lr", "0.001", "--max-length", "12", "--save-every", "3", "--seed", "5",
             "--precision", "fp32", "--no-progress"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    run_one(*args, "--out", str(one))
 
-    def steps_written() -> int:
+    def steps_written(two: Path) -> int:
         path = two / "steps.jsonl"
         return len(path.read_text().splitlines()) if path.is_file() else 0
 
-    kill_workers_when(["finetune", *args, "--out", str(two)], lambda: steps_written() >= 5)
-    killed_at = steps_written()
-    assert killed_at < len(step_losses(one)), "the kill came too late to test anything"
+    killed_and_resumed(tmp_path, args, lambda two: steps_written(two) >= 5)
+
+
+def killed_and_resumed(tmp_path: Path, args: list[str], ready: Callable[[Path], bool]) -> None:
+    """`finetune ARGS` in one process, then under torchrun SIGKILLed once `ready(OUT)` and resumed
+    under torchrun: its steps and weights are one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_one(*args, "--out", str(one))
+    kill_workers_when(["finetune", *args, "--out", str(two)], lambda: ready(two))
     ckpt = state.load_trainer_state(state.latest_checkpoint(two))
+    assert ckpt["step"] < len(step_losses(one)), "the kill came too late to test anything"
     assert len(ckpt["rank_rngs"]) == 2  # each rank's generators, for its dropout stream
 
     result = torchrun("finetune", *args, "--out", str(two), "--resume")
@@ -440,18 +446,7 @@ def test_embed_two_processes_killed_and_resumed_match_one(tmp_path):
     args = ["--task", "embed", "--model", str(model), "--train", str(train), "--batch-size", "4",
             "--epochs", "2", "--lr", "0.001", "--max-length", "12", "--mine", "none", "--save-every", "3",
             "--seed", "5", "--no-progress"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    run_one(*args, "--out", str(one))
-
-    kill_workers_when(["finetune", *args, "--out", str(two)], lambda: state.latest_checkpoint(two) is not None)
-    assert not (two / "eval.json").exists(), "the kill came too late to test anything"
-    ckpt = state.load_trainer_state(state.latest_checkpoint(two))
-    assert len(ckpt["rank_rngs"]) == 2 and ckpt["step"] < len(step_losses(one))
-
-    result = torchrun("finetune", *args, "--out", str(two), "--resume")
-    assert "resuming from" in result.stderr
-    assert_same_run(one, two)
-    assert not (two / "checkpoints").exists()
+    killed_and_resumed(tmp_path, args, lambda two: state.latest_checkpoint(two) is not None)
 
 
 if __name__ == "__main__":  # a torchrun rank of test_cached_mnrl_gradients_of_two_processes_are_one_process_gradients
