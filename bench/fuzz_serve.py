@@ -31,6 +31,9 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import status_mib  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PASSES = 3
 GET_REQUESTS = 30
@@ -97,14 +100,7 @@ def settled_rss_mib(pid: int, url: str) -> float:
     time.sleep(2.5)
     httpx.post(f"{url}/embed", json={"inputs": "settle"}, timeout=60)
     time.sleep(0.5)
-    return rss_mib(pid)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return status_mib(pid)["VmRSS"]
 
 
 # A valid request that names no model goes to the default (MiniLM), which serves embed and

