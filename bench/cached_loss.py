@@ -20,8 +20,9 @@ mnrl's added peak to cached-mnrl's at the largest batch both finished, then cach
 its added peak at the largest batch within 1.2x of that at the smallest (GradCache holds one
 mini-batch's activations whatever the batch). --out writes every row as JSON (bench/embed_training.py
 reads it). THREADS=N in the environment sets the step's torch threads (2): on a machine loaded
-far beyond its cores, one thread ran the step 5x faster than two. Other work on the machine changes
-the seconds, not the memory.
+far beyond its cores, one thread ran the step 5x faster than two. NO_TRIM=1 turns off GradCache's
+malloc_trim before each replay, to weigh what the trims cost in seconds against what they save.
+Other work on the machine changes the seconds, not the memory.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def one_step(loss: str, batch: int, max_length: int, mini_batch_size: int) -> di
     from bertkit.train.retrieval.common import Pair, RetrievalTrainConfig
 
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    if os.environ.get("NO_TRIM") == "1":
+        from bertkit.train.retrieval import gradcache
+
+        gradcache._release_freed = lambda batches: (lambda: None)
     model_dir = minilm()
     config = RetrievalTrainConfig(task="embed", model=str(model_dir), train="-", out_dir="-", loss=loss,
                                   batch_size=batch, max_length=max_length, mini_batch_size=mini_batch_size)
