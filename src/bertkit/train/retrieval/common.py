@@ -94,10 +94,8 @@ class RetrievalTrainConfig:
                 self.matryoshka_dims = parse_dims(self.matryoshka_dims)
             except ValueError as err:
                 problems.append(str(err))
-        for name in ("epochs", "batch_size", "max_length", "mine_depth", "mini_batch_size", "save_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
+        problems += positive_int_problems(
+            self, ("epochs", "batch_size", "max_length", "mine_depth", "mini_batch_size", "save_every"))
         for name in ("hard_negatives", "negatives"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 problems.append(f"{name} must be an integer ≥ 0, got {getattr(self, name)!r}")
@@ -127,12 +125,30 @@ class RetrievalTrainConfig:
             problems.append("mine biencoder needs mine_model (--mine-model DIR)")
         if not self.scale > 0:
             problems.append(f"scale must be > 0, got {self.scale!r}")
-        if self.lr is not None and not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr!r}")
-        if self.resume and self.overwrite:
-            problems.append("resume and overwrite exclude each other; pass one")
+        problems += run_problems(self)
         if problems:
             raise ValueError("invalid retrieval training settings: " + "; ".join(problems))
+
+
+def positive_int_problems(settings: Any, names: Sequence[str]) -> list[str]:
+    """A problem for each of `names` that is not a positive integer on `settings`."""
+    problems = []
+    for name in names:
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    return problems
+
+
+def run_problems(settings: Any) -> list[str]:
+    """The problems every retrieval trainer's settings share: lr (None: the default) and resume
+    with overwrite."""
+    problems = []
+    if settings.lr is not None and not settings.lr > 0:
+        problems.append(f"lr must be > 0, got {settings.lr!r}")
+    if settings.resume and settings.overwrite:
+        problems.append("resume and overwrite exclude each other; pass one")
+    return problems
 
 
 # Options of `bertkit finetune` that only the retrieval tasks take.

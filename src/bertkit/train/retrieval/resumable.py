@@ -50,7 +50,15 @@ from bertkit.train import health, parallel
 from bertkit.train import state as train_state
 from bertkit.train.card import drop_stale, finetune_card
 from bertkit.train.optim import default_lr
-from bertkit.train.retrieval.common import BUILTIN_PREFIX, Pair, draw_negatives, optimizer_step, read_pairs
+from bertkit.train.retrieval.common import (
+    BUILTIN_PREFIX,
+    Pair,
+    draw_negatives,
+    optimizer_step,
+    positive_int_problems,
+    read_pairs,
+    run_problems,
+)
 from bertkit.util import distributed
 from bertkit.util.distributed import DistInfo
 from bertkit.util.fileio import atomic_write_json, atomic_write_text, check_writable_output, model_directory
@@ -188,11 +196,7 @@ def check_settings(config: ResumableTrainConfig, task: str, *, paths: Sequence[s
     for name in paths:
         if getattr(config, name) is not None:
             setattr(config, name, str(getattr(config, name)))
-    problems = []
-    for name in positive:
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{name} must be a positive integer, got {value!r}")
+    problems = positive_int_problems(config, positive)
     problems += sizes
     if config.batch_size < 2 and in_batch:
         problems.append(f"{task} needs batch_size ≥ 2: the other rows of a batch are the negatives")
@@ -201,10 +205,7 @@ def check_settings(config: ResumableTrainConfig, task: str, *, paths: Sequence[s
     problems += more
     if config.mine not in MINERS:
         problems.append(f"{task} mines with bm25 or none, got {config.mine!r}")
-    if config.lr is not None and not config.lr > 0:
-        problems.append(f"lr must be > 0, got {config.lr!r}")
-    if config.resume and config.overwrite:
-        problems.append("resume and overwrite exclude each other; pass one")
+    problems += run_problems(config)
     if problems:
         raise ValueError(f"invalid {task} training settings: " + "; ".join(problems))
 
