@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import time
 
 import torch
 
 from bertkit.constants import TRAINING_PRECISIONS
 from bertkit.util.fileio import atomic_write_json, cache_dir
+from bertkit.util.machine import cpu_identity
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +47,8 @@ PROBE_FILE = "probes.json"
 def machine_key() -> str:
     """What a measured rate or a compiled CPU kernel holds for: this torch, this CPU, this thread
     count."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            first = f.read().split("\n\n", 1)[0]
-        cpu = "|".join(line.split(":", 1)[1].strip() for line in first.splitlines()
-                       if line.split(":", 1)[0].strip() in ("model name", "flags"))
-    except OSError:
-        pass
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"torch {torch.__version__}|{capability}|threads {torch.get_num_threads()}|{cpu}"
+    return f"torch {torch.__version__}|{capability}|threads {torch.get_num_threads()}|{cpu_identity()}"
 
 
 def _probe_file() -> dict:

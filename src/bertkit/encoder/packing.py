@@ -11,7 +11,12 @@ Two layouts, used by the encoder in `model.py` (this module is its kernels, as M
   as one batched SDPA call over a view of the packed tensor; on CUDA in 16 bits, as one
   variable-length flash-attention call (`torch.nn.attention.varlen`).
 
-Key windows (CPU, fp32, inference): for most lengths 1-13 short of a multiple of 16, each
+Native kernel (CPU, fp32, inference, no scores bias): every sequence of up to 512 tokens attends
+in one call of bertkit's own kernel (`kernels/attention.cpp`, `native_attention`), which
+does each (sequence, head) in registers and measured faster than SDPA at every length it takes
+(docs/design.md has the sweep). Where it cannot be compiled, SDPA as above.
+
+Key windows (CPU, fp32, inference, without the native kernel): for most lengths 1-13 short of a multiple of 16, each
 sequence reads its keys through a window rounded up to that multiple, the rows past the sequence
 masked with -inf (`key_windows`, `windowed_attention`): SDPA's CPU flash kernel runs the last
 length % 16 keys of every score row through a slow partial-vector path. docs/design.md has
@@ -28,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.encoder import ops
+from bertkit.encoder import native, ops
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Packed:
     sequence_index: torch.Tensor  # (N,) long: which sequence each row belongs to
     runs: list[tuple[int, int, int]]  # (first row, sequences, length) of equal-length neighbours
     cu_seqlens: torch.Tensor  # (B + 1,) int32 cumulative lengths, for the varlen kernel
+    length_tensor: torch.Tensor  # (B,) long: lengths, for the native kernel (on the CPU)
 
     @classmethod
     def from_lengths(cls, lengths: list[int], device: torch.device | str = "cpu") -> "Packed":
@@ -98,7 +104,8 @@ class Packed:
                 runs.append((int(starts[i]), 1, n))
         cu = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
         return cls(lengths=list(lengths), starts=starts.to(device), position_ids=position_ids.to(device),
-                   sequence_index=sequence_index.to(device), runs=runs, cu_seqlens=cu.to(device))
+                   sequence_index=sequence_index.to(device), runs=runs, cu_seqlens=cu.to(device),
+                   length_tensor=lens)
 
     def attend(self, layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """(N, 3H) fused projections → (N, H) attention outputs, each sequence seeing only itself.
@@ -117,14 +124,17 @@ class Packed:
             longest = max(self.lengths)
             y = varlen_attn(q, k, v, self.cu_seqlens, self.cu_seqlens, longest, longest)  # (N, nh, hs)
             return y.reshape(qkv.shape[0], nh * hs)
-        if len(self.runs) == 1 and bias is None and not key_windows(layer, qkv, self.runs[0][2]):
-            # one length: SDPA's output, transposed, is already (N, H) in order
+        out = qkv.new_empty(qkv.shape[0], nh * hs)  # (N, H)
+        runs = self._native(layer, qkv, bias, out, first_only=False)
+        if not runs:
+            return out
+        if len(self.runs) == 1 and runs is self.runs and bias is None and not key_windows(layer, qkv, runs[0][2]):
+            # one length, all of it here: SDPA's output, transposed, is already (N, H) in order
             count, length = self.runs[0][1:]
             q, k, v = qkv.view(count, length, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
             y = ops.attention(q, k, v, None, layer.attention_dropout, layer.training)  # (c, nh, L, hs)
             return y.transpose(1, 2).reshape(qkv.shape[0], nh * hs)  # a view when SDPA's layout allows
-        out = qkv.new_empty(qkv.shape[0], nh * hs)  # (N, H)
-        for first, count, length in self.runs:
+        for first, count, length in runs:
             rows = slice(first, first + count * length)
             # written in place: no concatenation of the runs' outputs afterwards
             target = out[rows].view(count, length, nh, hs)
@@ -143,8 +153,12 @@ class Packed:
         (bias: see `attend`)."""
         nh, hs = layer.num_heads, layer.head_dim
         out = qkv.new_empty(len(self.lengths), nh * hs)  # (B, H)
+        native_runs = set(self.runs) - set(self._native(layer, qkv, bias, out, first_only=True))
         done = 0
         for first, count, length in self.runs:
+            if (first, count, length) in native_runs:
+                done += count
+                continue
             block = qkv[first:first + count * length].view(count, length, 3, nh, hs)  # a view
             q = block[:, :1, 0].transpose(1, 2)  # (c, nh, 1, hs)
             k, v = block[:, :, 1].transpose(1, 2), block[:, :, 2].transpose(1, 2)  # (c, nh, L, hs)
@@ -153,6 +167,41 @@ class Packed:
             out[done:done + count] = y.reshape(count, nh * hs)
             done += count
         return out
+
+
+    def _native(self, layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                first_only: bool) -> list[tuple[int, int, int]]:
+        """Attention of the sequences the native kernel takes (`native_attention`), written into out;
+        returns the runs left to PyTorch's kernels (all of them where the kernel does not apply)."""
+        kernel = native_attention(layer, qkv, bias)
+        if kernel is None:
+            return self.runs
+        taken = [length <= kernel.max_length for _, _, length in self.runs]
+        if not any(taken):
+            return self.runs
+        nh, hs = layer.num_heads, layer.head_dim
+        if all(taken):
+            kernel(qkv, out, self.starts, self.length_tensor, nh, hs, first_only)
+            return []
+        index = torch.tensor([i for i, n in enumerate(self.lengths) if n <= kernel.max_length])
+        starts, lengths = self.starts[index], self.length_tensor[index]
+        if first_only:  # the kernel writes row b of its own (B', H) output
+            out[index] = kernel(qkv, out.new_empty(len(index), nh * hs), starts, lengths, nh, hs, True)
+        else:
+            kernel(qkv, out, starts, lengths, nh, hs)
+        return [run for run, native in zip(self.runs, taken) if not native]
+
+
+def native_attention(layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None):
+    """`native`'s attention kernel where it applies, else None: fp32 on the CPU at
+    inference (no dropout, no autograd, no compiler tracing), without a scores bias, for a head
+    size it has code for, where it compiled (`native.status()` says why not)."""
+    if (bias is not None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or layer.training
+            or qkv.stride(1) != 1 or (torch.is_grad_enabled() and qkv.requires_grad)
+            or layer.head_dim not in native.Attention.head_sizes
+            or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+        return None
+    return native.attention()
 
 
 def mean_pool(hidden: torch.Tensor, layout: "Packed | torch.Tensor") -> torch.Tensor:

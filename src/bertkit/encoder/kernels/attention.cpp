@@ -1,0 +1,186 @@
+// Attention of many short sequences laid end to end (bertkit's packed layout), fp32, CPU.
+//
+// A batch of short texts is hundreds of (sequence, head) problems of a few dozen tokens each.
+// Called per run of equal lengths, PyTorch's CPU flash-attention kernel spends most of its time
+// outside the arithmetic there (tiny BLAS calls, horizontal reductions, masked tails); this file
+// does one problem in registers and L1:
+//
+// - the sequence's rows (contiguous in the packed (N, 3H) projections) are copied once into a
+//   thread-local buffer: a streaming read, where strided reads head by head would wait on memory;
+// - scores are computed key by key with 16 queries in the vector lanes, so the softmax's maximum
+//   and sum run down the lanes, without a horizontal reduction or a masked tail;
+// - the weighted sum of values runs 4 queries by hs floats in registers.
+//
+// Built with GCC/Clang vector extensions (no intrinsics, so any x86-64 or ARM target the compiler
+// vectorizes for) and OpenMP, which binds to the libgomp PyTorch has already loaded.
+// encoder/native.py compiles it for this CPU on first use; packing.py calls `bertkit_attention`.
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+namespace {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+constexpr int64_t kMaxLength = 512;    // tokens per sequence
+constexpr int64_t kMaxHeadSize = 128;  // hs, a multiple of 16
+constexpr int64_t kCopyBytes = 1 << 20;  // longer sequences are read in place
+
+inline v16 broadcast(float x) { return v16{} + x; }
+inline v16 load(const float* p) { return *(const v16u*)p; }
+inline void store(float* p, v16 x) { *(v16u*)p = x; }
+
+// e^x for x <= 0 (a score less the row's maximum): Cephes' expf, about 1 ulp. Below -87.3 it
+// returns e^-87.3 (1e-38) rather than 0, which a sum of at least 1 (the maximum's e^0) ignores.
+inline v16 exp_nonpositive(v16 x) {
+    x = x < broadcast(-87.3f) ? broadcast(-87.3f) : x;
+    const v16 round = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+    v16 n = (x * 1.44269504088896341f + round) - round;
+    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 p = broadcast(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    i16v exponent = (__builtin_convertvector(n, i16v) + 127) << 23;
+    return p * (v16)exponent;
+}
+
+// One (sequence, head): q, k, v point at the head's columns in the sequence's first row, rows
+// `rs` floats apart; `queries` of the `keys` rows attend (all of them, or only the first);
+// o receives them, rows `os` floats apart. qt and st are the caller's scratch.
+template <int NV>
+void attend_head(const float* q, const float* k, const float* v, int64_t rs, float* o, int64_t os,
+                 int64_t keys, int64_t queries, float scale, float* qt, float* st) {
+    constexpr int hs = 16 * NV;
+    for (int64_t i0 = 0; i0 < queries; i0 += 16) {
+        const int64_t n = queries - i0 < 16 ? queries - i0 : 16;
+        // qt (hs, 16): the block's queries, transposed; lanes past `n` stay zero
+        for (int d = 0; d < hs; ++d) *(v16*)(qt + 16 * d) = v16{};
+        for (int64_t i = 0; i < n; ++i)
+            for (int d = 0; d < hs; ++d) qt[16 * d + i] = q[(i0 + i) * rs + d];
+        // st (keys, 16): the scores, key by key, the block's queries in the lanes
+        v16 top = broadcast(-__builtin_inff());
+        int64_t j = 0;
+        for (; j + 4 <= keys; j += 4) {
+            v16 a0{}, a1{}, a2{}, a3{};
+            const float* k0 = k + j * rs;
+            const float *k1 = k0 + rs, *k2 = k1 + rs, *k3 = k2 + rs;
+            for (int d = 0; d < hs; ++d) {
+                v16 x = *(const v16*)(qt + 16 * d);
+                a0 += k0[d] * x;
+                a1 += k1[d] * x;
+                a2 += k2[d] * x;
+                a3 += k3[d] * x;
+            }
+            a0 *= scale;
+            a1 *= scale;
+            a2 *= scale;
+            a3 *= scale;
+            *(v16*)(st + 16 * j) = a0;
+            *(v16*)(st + 16 * (j + 1)) = a1;
+            *(v16*)(st + 16 * (j + 2)) = a2;
+            *(v16*)(st + 16 * (j + 3)) = a3;
+            v16 m01 = a0 > a1 ? a0 : a1, m23 = a2 > a3 ? a2 : a3;
+            v16 m = m01 > m23 ? m01 : m23;
+            top = m > top ? m : top;
+        }
+        for (; j < keys; ++j) {
+            v16 a{};
+            const float* kj = k + j * rs;
+            for (int d = 0; d < hs; ++d) a += kj[d] * *(const v16*)(qt + 16 * d);
+            a *= scale;
+            *(v16*)(st + 16 * j) = a;
+            top = a > top ? a : top;
+        }
+        v16 sum{};
+        for (j = 0; j < keys; ++j) {
+            v16 e = exp_nonpositive(*(v16*)(st + 16 * j) - top);
+            *(v16*)(st + 16 * j) = e;
+            sum += e;
+        }
+        v16 inverse = 1.0f / sum;
+        // outputs, 4 queries at a time: their weights broadcast from st, the values' rows loaded
+        for (int64_t i = 0; i < n; i += 4) {
+            v16 acc[4][NV] = {};
+            for (j = 0; j < keys; ++j) {
+                const float* vj = v + j * rs;
+                const float* p = st + 16 * j + i;
+                for (int c = 0; c < NV; ++c) {
+                    v16 x = load(vj + 16 * c);
+                    for (int r = 0; r < 4; ++r) acc[r][c] += p[r] * x;
+                }
+            }
+            for (int r = 0; r < 4 && i + r < n; ++r)
+                for (int c = 0; c < NV; ++c) store(o + (i0 + i + r) * os + 16 * c, acc[r][c] * inverse[i + r]);
+        }
+    }
+}
+
+typedef void (*HeadFn)(const float*, const float*, const float*, int64_t, float*, int64_t, int64_t,
+                       int64_t, float, float*, float*);
+
+HeadFn head_function(int64_t hs) {
+    switch (hs) {
+        case 16: return attend_head<1>;
+        case 32: return attend_head<2>;
+        case 48: return attend_head<3>;
+        case 64: return attend_head<4>;
+        case 80: return attend_head<5>;
+        case 96: return attend_head<6>;
+        case 112: return attend_head<7>;
+        case 128: return attend_head<8>;
+        default: return nullptr;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int bertkit_attention_max_length() { return kMaxLength; }
+
+// qkv: (N, 3 * heads * hs) rows `rs` floats apart, each row [q | k | v], each of them heads × hs;
+// sequence b holds rows starts[b] .. starts[b] + lengths[b] - 1. out: (N, heads * hs) rows `os`
+// floats apart, or with first_only (B, heads * hs): row b the attention of sequence b's first token.
+// Returns 0, or 1 for a head size it has no code for, 2 for a length outside 1 .. kMaxLength.
+int bertkit_attention(const float* qkv, int64_t rs, float* out, int64_t os, const int64_t* starts,
+                      const int64_t* lengths, int64_t sequences, int64_t heads, int64_t hs, float scale,
+                      int first_only, int threads) {
+    HeadFn head = head_function(hs);
+    if (head == nullptr) return 1;
+    for (int64_t b = 0; b < sequences; ++b)
+        if (lengths[b] < 1 || lengths[b] > kMaxLength) return 2;
+    const int64_t width = heads * hs;
+    #pragma omp parallel num_threads(threads)
+    {
+        static thread_local std::vector<float> copy;
+        alignas(64) float qt[16 * kMaxHeadSize];
+        alignas(64) float st[16 * kMaxLength];
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < sequences; ++b) {
+            const int64_t keys = lengths[b], rows = keys * rs;
+            const float* seq = qkv + starts[b] * rs;
+            if (rows * (int64_t)sizeof(float) <= kCopyBytes) {
+                if ((int64_t)copy.size() < rows) copy.resize(rows);
+                memcpy(copy.data(), seq, rows * sizeof(float));
+                seq = copy.data();
+            }
+            float* o = out + (first_only ? b : starts[b]) * os;
+            for (int64_t h = 0; h < heads; ++h) {
+                const float* q = seq + h * hs;
+                head(q, q + width, q + 2 * width, rs, o + h * hs, os, keys, first_only ? 1 : keys, scale, qt, st);
+            }
+        }
+    }
+    return 0;
+}
+
+}  // extern "C"
