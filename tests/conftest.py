@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-# int8 kernels by torch.compile in the tests: the default, ahead-of-time, compiles each new layer
-# shape once for ~15 s, and the tests' tiny models have many shapes (tests/test_aot.py covers it).
-os.environ.setdefault("BERTKIT_INT8_KERNELS", "compile")
+# int8 kernels: the default, native (compiled once, in about a second). Ahead of time compiles each
+# new layer shape for ~15 s and the tests' tiny models have many shapes: tests/test_aot.py covers
+# aot, and compares it with compile.
+os.environ.setdefault("BERTKIT_INT8_KERNELS", "native")
 
 from bertkit.data.formats.common import WordPieces
 from bertkit.data.tokenizer import BertTokenizer

@@ -133,3 +133,119 @@ def test_without_a_compiler_or_when_turned_off_attention_falls_back_to_sdpa(tmp_
             native.attention.cache_clear()
         for b, (start, n) in enumerate(zip(packed.starts.tolist(), packed.lengths)):
             assert (out[start:start + n] - alone(qkv, packed, layer)[b]).abs().max() <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# int8: the passes around torch._int_mm (encoder/kernels/int8.cpp)
+# ---------------------------------------------------------------------------------------------
+def int8_kernels():
+    kernels = native.int8()
+    assert kernels is not None, native.status()
+    return kernels
+
+
+def rows_to_quantize(cols: int) -> torch.Tensor:
+    """Rows of every sign: mixed, all positive, all negative, all zero, one outlier."""
+    torch.manual_seed(cols)
+    x = torch.randn(6, cols) * 3
+    x[1] = x[1].abs()
+    x[2] = -x[2].abs()
+    x[3] = 0.0
+    x[4, 5] = 400.0
+    return x
+
+
+@needs_compiler
+@pytest.mark.parametrize("cols", [37, 384])
+def test_int8_quantization_is_the_reference_formula_bit_for_bit(cols):
+    """Per row as `int8.quantize_rows`, and static as `int8_static.static_linear_rows` (row
+    widths that are and are not a multiple of the vector width)."""
+    from bertkit.backend import int8
+
+    kernels = int8_kernels()
+    x = rows_to_quantize(cols)
+    q, scale, zero = torch.empty(6, cols, dtype=torch.int8), torch.empty(6), torch.empty(6)
+    kernels.quantize(x, q, scale, zero)
+    want_q, want_scale, want_zero = int8.quantize_rows(x)
+    assert torch.equal(q, want_q) and torch.equal(scale, want_scale) and torch.equal(zero, want_zero)
+
+    multiplier, static_zero = torch.rand(cols) * 20, -3.0
+    kernels.quantize(x, q, multiplier=multiplier, static_zero=static_zero)
+    assert torch.equal(q, (x * multiplier).round_().add_(static_zero).clamp_(-128, 127).to(torch.int8))
+
+
+@needs_compiler
+@pytest.mark.parametrize("act", ["none", "gelu", "relu"])
+def test_int8_epilogue_equals_dequantize_residual_norm_activation_and_requantize(act):
+    from bertkit.backend import int8
+
+    kernels = int8_kernels()
+    torch.manual_seed(3)
+    rows, cols = 9, 40
+    acc = torch.randint(-20000, 20000, (rows, cols), dtype=torch.int32)
+    scale, zero = torch.rand(rows) / 50, torch.randint(-128, 127, (rows,)).float()
+    terms = (None, torch.rand(cols) / 100, torch.randn(cols), torch.randn(cols))
+    residual = torch.randn(rows, cols)
+    norm = (torch.rand(cols) + 0.5, torch.randn(cols), 1e-12)
+    y = int8.dequantize(acc, scale, zero, *terms[1:])
+    with_norm = torch.nn.functional.layer_norm(residual + y, (cols,), norm[0], norm[1], norm[2])
+    activate = {"none": lambda t: t, "gelu": torch.nn.functional.gelu, "relu": torch.nn.functional.relu}[act]
+    out = torch.empty(rows, cols)
+
+    kernels.epilogue(acc, scale, zero, terms, act=act, out=out)
+    assert (out - activate(y)).abs().max() <= 1e-5 * y.abs().max()
+    q, q_scale, q_zero = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows), torch.empty(rows)
+    kernels.epilogue(acc, scale, zero, terms, residual=residual, norm=norm, act=act, out=out, q=q,
+                     q_scale=q_scale, q_zero=q_zero)
+    assert (out - activate(with_norm)).abs().max() <= 1e-5
+    assert all(torch.equal(a, b) for a, b in zip((q, q_scale, q_zero), int8.quantize_rows(out)))
+    # a static input range (one scale and zero point for every row) reads element 0 for each row
+    kernels.epilogue(acc, scale[:1], zero[:1], terms, out=out)
+    assert (out - int8.dequantize(acc, scale[:1].expand(rows), zero[:1].expand(rows), *terms[1:])).abs().max() <= 1e-4
+
+
+@needs_compiler
+@pytest.mark.parametrize("static", [False, True])
+def test_native_int8_layers_agree_with_pytorchs_kernels(static, monkeypatch):
+    """A whole int8 (dynamic, and static with its calibrated ranges) MiniLM-shaped encoder through
+    the native kernels against PyTorch's (eager) kernels: the same within int8's own noise, and
+    each text's vector independent of its batch."""
+    from bertkit.backend import int8, int8_static
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.model import BertModel
+
+    torch.manual_seed(5)
+    config = BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=256, max_position_embeddings=64)
+    fp32 = BertModel(config).eval()
+    ids = [torch.randint(5, 300, (n,)) for n in (20, 7, 33, 7, 12)]
+
+    def encode(model, mode, which):
+        kernels = int8._Kernels()
+        kernels.mode = mode
+        monkeypatch.setattr(int8, "_KERNELS", kernels)
+        lengths = [len(ids[i]) for i in which]
+        packed = Packed.from_lengths(lengths)
+        with torch.inference_mode():
+            flat = torch.cat([ids[i] for i in which])
+            states = model.forward_packed(flat, torch.zeros_like(flat), packed).hidden
+        return [states[s:s + n] for s, n in zip(packed.starts.tolist(), lengths)]
+
+    model = int8.quantize_linears(BertModel(config).eval()) if not static else None
+    if static:
+        model = BertModel(config).eval()
+        model.load_state_dict(fp32.state_dict())
+        scales = int8_static.StaticScales()
+        with int8_static.observing(model, scales), torch.inference_mode():
+            for t in ids:
+                model.forward_packed(t, torch.zeros_like(t), Packed.from_lengths([len(t)]))
+        int8_static.quantize_static(model, scales)
+        assert all(type(layer) is int8.Int8EncoderLayer for layer in model.layers)
+    else:
+        model.load_state_dict(fp32.state_dict(), strict=False)
+    everything = range(len(ids))
+    native_out, eager_out = encode(model, "native", everything), encode(model, "eager", everything)
+    for a, b in zip(native_out, eager_out):
+        assert torch.nn.functional.cosine_similarity(a, b).min() >= 0.999
+    alone = encode(model, "native", [2])[0]
+    assert torch.equal(alone, native_out[2])

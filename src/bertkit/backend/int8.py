@@ -22,6 +22,7 @@ import os
 import torch
 from torch import nn
 
+from bertkit.encoder import native
 from bertkit.encoder.model import EncoderLayer
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,12 @@ class _Kernels:
     cost more than the int8 matmul itself, fused a fraction of it (docs/design.md has the
     timings). The compiled functions compute the same values (checked in the tests).
 
-    How they are compiled, BERTKIT_INT8_KERNELS=aot|compile|eager:
-    - aot (the default): ahead of time, once per machine, thread count and layer shape, kept on
+    Which kernels, BERTKIT_INT8_KERNELS=native|aot|compile|eager:
+    - native (the default): bertkit's own (`encoder/kernels/int8.cpp` through `native.int8()`):
+      per block of rows one pass before each int8 GEMM and one after it, which dequantizes, adds,
+      normalizes, activates and quantizes the next GEMM's input in registers; compiled in about a
+      second on a machine's first int8 start. Where it cannot be compiled, aot;
+    - aot: ahead of time, once per machine, thread count and layer shape, kept on
       disk (`inference.aot`): the first int8 start on a machine compiles them (about a minute for
       MiniLM on 2 cores; it logs each kernel), every later process loads them in milliseconds, so
       an int8 start costs about what an fp32 one does; the kernels run as fast as compile's
@@ -81,11 +86,11 @@ class _Kernels:
 
     def __init__(self) -> None:
         self.quantize, self.dequantize, self.linear = quantize_rows, dequantize, linear_rows
-        mode = os.environ.get("BERTKIT_INT8_KERNELS", "aot")
+        mode = os.environ.get("BERTKIT_INT8_KERNELS", "native")
         if os.environ.get("BERTKIT_INT8_EAGER") == "1":
             mode = "eager"
-        if mode not in ("aot", "compile", "eager"):
-            raise ValueError(f"BERTKIT_INT8_KERNELS={mode!r}: use aot, compile or eager")
+        if mode not in ("native", "aot", "compile", "eager"):
+            raise ValueError(f"BERTKIT_INT8_KERNELS={mode!r}: use native, aot, compile or eager")
         self.mode = mode
         self.tried = mode == "eager"
         self.aot: dict = {}
@@ -108,6 +113,16 @@ class _Kernels:
                 log.info("int8: torch.compile unavailable (%s); using eager kernels", type(err).__name__)
                 self.mode = "eager"
         return self.quantize, self.dequantize, self.linear
+
+    def native(self):
+        """`native.int8()` in mode native; None in the other modes, and where the native kernels
+        cannot be had (the mode becomes aot then)."""
+        if self.mode != "native":
+            return None
+        kernels = native.int8()
+        if kernels is None:
+            self.mode = "aot"
+        return kernels
 
     def linear_for(self, layer: "Int8Linear"):
         """linear_rows(x, out, *layer.terms()) for blocks of `layer`'s rows, compiled."""
@@ -157,13 +172,21 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) float → (..., out) float32."""
         shape = x.shape[:-1]
-        run = _KERNELS.linear_for(self)
         x = x.reshape(-1, self.in_features).float()  # (N, in)
         terms = self.terms()
         # Row blocks of ~1M int32 accumulators: each block is dequantized while it is still in
         # cache instead of going to memory and back (a third less time: docs/design.md).
         rows = max(256, CHUNK_ELEMENTS // self.out_features)
         y = torch.empty(x.shape[0], self.out_features)  # (N, out)
+        kernels = _KERNELS.native()
+        if kernels is not None:
+            steps = _NativeSteps(kernels, min(rows, x.shape[0]), self.in_features, self.out_features)
+            for start in range(0, x.shape[0], rows):
+                block = slice(start, start + rows)
+                q, scale, zero = steps.quantize(x[block], self)
+                kernels.epilogue(steps.product(q, self.qweight_t), scale, zero, terms, out=y[block])
+            return y.view(*shape, self.out_features)
+        run = _KERNELS.linear_for(self)
         for start in range(0, x.shape[0], rows):
             run(x[start:start + rows], y[start:start + rows], *terms)
         return y.view(*shape, self.out_features)
@@ -171,6 +194,11 @@ class Int8Linear(nn.Module):
     def terms(self) -> tuple[torch.Tensor, ...]:
         """(qweight_t, weight_scale, column_sums, bias): what the kernels take of this layer."""
         return self.qweight_t, self.weight_scale, self.column_sums, self.bias
+
+    def input_range(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None:
+        """How the native kernels quantize this Linear's input: None, per row at each call (a
+        static Linear gives its calibrated range, `int8_static.StaticInt8Linear`)."""
+        return None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -231,7 +259,7 @@ class _FusedKernels:
     def after_attention(self, act, layer: "Int8EncoderLayer | None" = None):
         """run(y, x, out, attn_out, attn_norm, ffn_in, ffn_out, ffn_norm) for blocks of rows;
         with `layer`, the mode aot's kernels for its shapes (`_KERNELS.mode`)."""
-        if self.compile and layer is not None and _KERNELS.mode == "aot":
+        if self.compile and layer is not None and _KERNELS.mode in ("aot", "native"):
             return self._ahead_of_time(act, layer)
         if act not in self.cache:
             def first(y, x, attn_out, attn_norm, ffn_in):
@@ -311,6 +339,12 @@ class Int8EncoderLayer(EncoderLayer):
     """
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        kernels = _KERNELS.native()
+        act = NATIVE_ACTIVATIONS.get(self.act)
+        if kernels is not None and act is not None:
+            return self._native_feed_forward(kernels, act, x, y)
+        if any(linear.input_range() is not None for linear in (self.attn_out, self.ffn_in, self.ffn_out)):
+            return super().feed_forward(x, y)  # static Linears, one at a time (`int8_static`)
         run = _FUSED.after_attention(self.act, self)
         params = (self.attn_out.terms(), _norm_params(self.attn_norm), self.ffn_in.terms(),
                   self.ffn_out.terms(), _norm_params(self.ffn_norm))
@@ -320,3 +354,78 @@ class Int8EncoderLayer(EncoderLayer):
             block = slice(start, start + rows)
             run(y[block].float(), x[block], out[block], *params)
         return out
+
+    def _native_feed_forward(self, kernels, act: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """feed_forward through the native kernels: per block of rows, three int8 GEMMs
+        (torch._int_mm), each followed by one pass of `native.Int8.epilogue` that also quantizes
+        the next GEMM's input (per row, or with a static Linear's calibrated range); the (rows, I)
+        activations are never stored as floats."""
+        hidden, inner = self.attn_out.in_features, self.ffn_in.out_features
+        rows = max(256, CHUNK_ELEMENTS // inner)
+        steps = _NativeSteps(kernels, min(rows, x.shape[0]), hidden, inner)
+        out = torch.empty_like(x)  # (N, H)
+        for start in range(0, x.shape[0], rows):
+            block = slice(start, start + rows)
+            q, scale, zero = steps.quantize(y[block].float(), self.attn_out)
+            a = steps.floats(hidden)  # (rows, H): LayerNorm(x + attn_out(y)), the FFN's residual
+            (qa, sa, za), into = steps.quantized_by(self.ffn_in)
+            kernels.epilogue(steps.product(q, self.attn_out.qweight_t), scale, zero, self.attn_out.terms(),
+                             residual=x[block], norm=_norm_params(self.attn_norm), out=a, **into)
+            (qh, sh, zh), into = steps.quantized_by(self.ffn_out)
+            kernels.epilogue(steps.product(qa, self.ffn_in.qweight_t), sa, za, self.ffn_in.terms(), act=act, **into)
+            kernels.epilogue(steps.product(qh, self.ffn_out.qweight_t), sh, zh, self.ffn_out.terms(),
+                             residual=a, norm=_norm_params(self.ffn_norm), out=out[block])
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the native kernels (encoder/kernels/int8.cpp)
+# ---------------------------------------------------------------------------------------------
+NATIVE_ACTIVATIONS = {torch.nn.functional.gelu: "gelu", torch.nn.functional.relu: "relu"}
+
+
+class _NativeSteps:
+    """Buffers for one call's row blocks (at most `rows` rows), reused from block to block: the
+    int8 inputs and their scales, two at a time (a GEMM's input and the next one's), the int32
+    accumulators and a float block."""
+
+    def __init__(self, kernels, rows: int, *widths: int):
+        widest = max(widths)
+        self.kernels = kernels
+        self.int8 = [torch.empty(rows * widest, dtype=torch.int8) for _ in range(2)]
+        self.scales = [torch.empty(2, rows) for _ in range(2)]
+        self.acc = torch.empty(rows * widest, dtype=torch.int32)
+        self.float_block = torch.empty(rows * widest)
+        self.turn = 0
+        self.block = rows
+
+    def quantized_by(self, linear: Int8Linear) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
+        """Where an epilogue puts `linear`'s quantized input (the next buffers, alternating):
+        ((q (rows, in) int8, the scale and zero point the GEMM's epilogue reads), the epilogue's
+        keyword arguments for it)."""
+        self.turn ^= 1
+        q = self.int8[self.turn][:self.block * linear.in_features].view(self.block, linear.in_features)
+        static = linear.input_range()
+        if static is None:  # per row: the epilogue writes the scales
+            scale, zero = self.scales[self.turn][:, :self.block]
+            return (q, scale, zero), {"q": q, "q_scale": scale, "q_zero": zero}
+        multiplier, scale, zero, zero_value = static
+        return (q, scale, zero), {"q": q, "q_multiplier": multiplier, "q_static_zero": zero_value}
+
+    def quantize(self, x: torch.Tensor, linear: Int8Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (rows, in) float, the first GEMM's input of a block, quantized as `linear` takes it."""
+        self.block = x.shape[0]
+        (q, scale, zero), into = self.quantized_by(linear)
+        if "q_multiplier" in into:
+            self.kernels.quantize(x, q, multiplier=into["q_multiplier"], static_zero=into["q_static_zero"])
+        else:
+            self.kernels.quantize(x, q, scale, zero)
+        return q, scale, zero
+
+    def product(self, q: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+        """torch._int_mm(q, weight_t) (rows, out) int32, into the reused accumulators."""
+        acc = self.acc[:q.shape[0] * weight_t.shape[1]].view(q.shape[0], weight_t.shape[1])
+        return torch._int_mm(q, weight_t, out=acc)
+
+    def floats(self, width: int) -> torch.Tensor:
+        return self.float_block[:self.block * width].view(self.block, width)

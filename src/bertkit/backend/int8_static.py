@@ -43,8 +43,9 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from bertkit.backend import int8
 from bertkit.backend.int8 import Int8Linear, dequantize
-from bertkit.encoder.model import encoder_of
+from bertkit.encoder.model import EncoderLayer, encoder_of
 
 ALPHA = 0.8  # SmoothQuant's migration strength, measured (see the module docstring)
 SCALES_FILE = "int8_static.safetensors"
@@ -225,13 +226,21 @@ class StaticInt8Linear(Int8Linear):
         self.register_buffer("input_scale", scale.reshape(1))  # (1,)
         self.register_buffer("input_zero", zero.reshape(1))  # (1,)
         self.register_buffer("input_multiplier", 1.0 / (m * scale))  # (in,): x → x̃ / s in one multiply
+        self.input_zero_value = float(zero)  # what the native kernels take, read once
 
     def static_terms(self) -> tuple[torch.Tensor, ...]:
         """What `static_linear_rows` takes after x."""
         return self.input_multiplier, self.input_scale, self.input_zero, *self.terms()
 
+    def input_range(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """(multiplier (in,), scale (1,), zero point (1,), the zero point as a float): the
+        calibrated range the native kernels quantize the input with."""
+        return self.input_multiplier, self.input_scale, self.input_zero, self.input_zero_value
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) float → (..., out) float32."""
+        if int8._KERNELS.native() is not None:
+            return super().forward(x)  # Int8Linear's native path, with this input range
         shape = x.shape[:-1]
         y = _KERNEL.get()(x.reshape(-1, self.in_features).float(), *self.static_terms())  # (N, out)
         return y.view(*shape, self.out_features)
@@ -255,6 +264,10 @@ def quantize_static(model: nn.Module, scales: StaticScales) -> nn.Module:
         parent = encoder.get_submodule(parent_name) if parent_name else encoder
         setattr(parent, attr, StaticInt8Linear(linears[name], scales.channel_min[name],
                                                scales.channel_max[name], scales.alpha))
+    for layer in encoder.modules():  # the layer after attention in the native kernels' blocks
+        if type(layer) is EncoderLayer and all(isinstance(getattr(layer, name), Int8Linear)
+                                               for name in ("attn_out", "ffn_in", "ffn_out")):
+            layer.__class__ = int8.Int8EncoderLayer
     return model
 
 

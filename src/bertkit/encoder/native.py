@@ -128,3 +128,75 @@ class Attention:
 def attention() -> Attention | None:
     """The attention kernel, or None where it cannot be had (see the module's docstring)."""
     return _load("attention", Attention)
+
+
+def _pointer(t: torch.Tensor | None, dtype: torch.dtype, name: str) -> int | None:
+    """t's data pointer for a kernel reading rows of `dtype` (None → NULL); refuses a tensor of
+    another dtype, off the CPU, or whose rows are not contiguous."""
+    if t is None:
+        return None
+    if t.dtype != dtype or t.device.type != "cpu" or (t.numel() > 1 and t.stride(-1) != 1):
+        raise ValueError(f"{name}: a CPU tensor of {dtype} with contiguous rows, got {t.dtype} on {t.device} "
+                         f"with strides {t.stride()}")
+    return t.data_ptr()
+
+
+class Int8:
+    """kernels/int8.cpp over tensors: `quantize` a Linear's input to int8, and `epilogue`, the
+    int32 accumulators of torch._int_mm back to floats with what follows the Linear, and the next
+    Linear's input quantized (the arguments are those of the C functions, whose comments give the
+    formulas)."""
+
+    activations = {"none": 0, "gelu": 1, "relu": 2}
+
+    def __init__(self, lib: ctypes.CDLL):
+        i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+        self._quantize = lib.bertkit_int8_quantize
+        self._quantize.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, f32, i32]
+        self._epilogue = lib.bertkit_int8_epilogue
+        self._epilogue.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, f32, i32,
+                                   ptr, i64, ptr, ptr, ptr, ptr, f32, i32]
+        self._quantize.restype = self._epilogue.restype = ctypes.c_int
+
+    def quantize(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None = None,
+                 zero: torch.Tensor | None = None, multiplier: torch.Tensor | None = None,
+                 static_zero: float = 0.0) -> None:
+        """x (R, C) float → q (R, C) int8: per row into scale, zero (R,), or with multiplier (C,)
+        the static range of zero point static_zero."""
+        rows, cols = x.shape
+        f32 = torch.float32
+        self._quantize(_pointer(x, f32, "x"), rows, cols, x.stride(0), _pointer(q, torch.int8, "q"),
+                       _pointer(scale, f32, "scale"), _pointer(zero, f32, "zero"),
+                       _pointer(multiplier, f32, "multiplier"), static_zero, torch.get_num_threads())
+
+    def epilogue(self, acc: torch.Tensor, row_scale: torch.Tensor, row_zero: torch.Tensor,
+                 terms: tuple[torch.Tensor, ...], residual: torch.Tensor | None = None,
+                 norm: tuple | None = None, act: str = "none", out: torch.Tensor | None = None,
+                 q: torch.Tensor | None = None, q_scale: torch.Tensor | None = None,
+                 q_zero: torch.Tensor | None = None, q_multiplier: torch.Tensor | None = None,
+                 q_static_zero: float = 0.0) -> None:
+        """acc (R, C) int32; row_scale, row_zero (R,) or (1,) for a static input range; terms: the
+        Linear's `Int8Linear.terms()` (its qweight_t is not read); norm: (weight, bias, eps) of a
+        LayerNorm or None; act: a key of `activations`."""
+        rows, cols = acc.shape
+        f32 = torch.float32
+        _, weight_scale, column_sums, bias = terms
+        gamma, beta, eps = norm if norm is not None else (None, None, 0.0)
+        code = self._epilogue(
+            _pointer(acc, torch.int32, "acc"), rows, cols, _pointer(row_scale, f32, "row_scale"),
+            _pointer(row_zero, f32, "row_zero"), 1 if row_scale.numel() == rows else 0,
+            _pointer(weight_scale, f32, "weight_scale"), _pointer(column_sums, f32, "column_sums"),
+            _pointer(bias, f32, "bias"), _pointer(residual, f32, "residual"),
+            0 if residual is None else residual.stride(0), _pointer(gamma, f32, "gamma"),
+            _pointer(beta, f32, "beta"), eps, self.activations[act], _pointer(out, f32, "out"),
+            0 if out is None else out.stride(0), _pointer(q, torch.int8, "q"), _pointer(q_scale, f32, "q_scale"),
+            _pointer(q_zero, f32, "q_zero"), _pointer(q_multiplier, f32, "q_multiplier"), q_static_zero,
+            torch.get_num_threads())
+        if code:
+            raise ValueError(f"native int8 epilogue refused its arguments (code {code})")
+
+
+@functools.cache
+def int8() -> Int8 | None:
+    """The int8 kernels, or None where they cannot be had (see the module's docstring)."""
+    return _load("int8", Int8)

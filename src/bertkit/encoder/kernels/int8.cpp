@@ -1,0 +1,220 @@
+// What runs around an int8 GEMM (torch._int_mm) in bertkit's int8 layers, one pass per row:
+// quantizing a Linear's input, and turning the int32 accumulators back into floats with whatever
+// follows the Linear (bias, residual, LayerNorm, GELU) and the quantization of the next Linear's
+// input, so that a row is read once while it is in L1.
+//
+// The formulas are backend/int8.py's (dynamic, one range per row) and backend/int8_static.py's
+// (static, one calibrated range per Linear), evaluated in the same order; GELU's erf is PyTorch's
+// own vectorized CPU erf (Abramowitz & Stegun 7.1.26), its exp Cephes' expf. Rows are
+// independent, so a row's result never depends on its batch.
+//
+// Vector extensions and OpenMP, no PyTorch headers; encoder/native.py compiles and loads it.
+
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+namespace {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i16vu __attribute__((vector_size(64), aligned(4)));
+typedef int8_t b16 __attribute__((vector_size(16)));
+typedef int8_t b16u __attribute__((vector_size(16), aligned(1)));
+
+inline v16 broadcast(float x) { return v16{} + x; }
+inline v16 load(const float* p) { return *(const v16u*)p; }
+inline void store(float* p, v16 x) { *(v16u*)p = x; }
+
+// round half to even, as torch.round, for |x| < 2^22
+inline v16 round_even(v16 x) {
+    const v16 big = broadcast(12582912.0f);  // 1.5 * 2^23
+    return (x + big) - big;
+}
+inline float round_even(float x) {
+    volatile float big = 12582912.0f;  // volatile: no reassociation folds the rounding away
+    return (x + big) - big;
+}
+
+// e^x, Cephes' expf (about 1 ulp), x clamped to [-87.3, 88.3]
+inline v16 exp16(v16 x) {
+    x = x < broadcast(-87.3f) ? broadcast(-87.3f) : x;
+    x = x > broadcast(88.3f) ? broadcast(88.3f) : x;
+    v16 n = round_even(x * 1.44269504088896341f);
+    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 p = broadcast(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    i16v exponent = (__builtin_convertvector(n, i16v) + 127) << 23;
+    return p * (v16)exponent;
+}
+
+// erf as PyTorch's vectorized CPU kernels compute it: sign(x) (1 - t r(t) e^{-x^2}), t = 1/(1 + p|x|)
+inline v16 erf16(v16 x) {
+    v16 a = x < 0 ? -x : x;
+    v16 t = 1.0f / (0.3275911f * a + 1.0f);
+    v16 r = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t) + 0.254829592f;
+    v16 y = 1.0f - r * t * exp16(-(x * x));
+    return x < 0 ? -y : y;
+}
+
+enum Activation { kNone = 0, kGeluErf = 1, kRelu = 2 };
+
+// Row-wise quantization of x (cols floats) into q, as int8.quantize_rows: the range holds 0,
+// scale = (hi - lo) / 255, zero = -128 - round(lo / scale), q = clamp(round(x / scale) + zero).
+void quantize_dynamic(const float* x, int64_t cols, int8_t* q, float* scale_out, float* zero_out) {
+    v16 lo{}, hi{};
+    int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+        v16 v = load(x + j);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    float l = 0.f, h = 0.f;
+    for (int t = 0; t < 16; ++t) {
+        l = lo[t] < l ? lo[t] : l;
+        h = hi[t] > h ? hi[t] : h;
+    }
+    for (; j < cols; ++j) {
+        l = x[j] < l ? x[j] : l;
+        h = x[j] > h ? x[j] : h;
+    }
+    float range = h - l;
+    const float scale = (range > 1e-12f ? range : 1e-12f) / 255.0f;
+    const float zero = -128.0f - round_even(l / scale);
+    *scale_out = scale;
+    *zero_out = zero;
+    const v16 s = broadcast(scale), z = broadcast(zero);
+    for (j = 0; j + 16 <= cols; j += 16) {
+        v16 v = round_even(load(x + j) / s) + z;
+        v = v < -128.0f ? broadcast(-128.0f) : v;
+        v = v > 127.0f ? broadcast(127.0f) : v;
+        *(b16u*)(q + j) = __builtin_convertvector(__builtin_convertvector(v, i16v), b16);
+    }
+    for (; j < cols; ++j) {
+        float v = round_even(x[j] / scale) + zero;
+        v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
+        q[j] = (int8_t)v;
+    }
+}
+
+// Static quantization, as int8_static.static_linear_rows: q = clamp(round(x · multiplier) + zero).
+void quantize_static(const float* x, int64_t cols, const float* multiplier, float zero, int8_t* q) {
+    int64_t j = 0;
+    const v16 z = broadcast(zero);
+    for (; j + 16 <= cols; j += 16) {
+        v16 v = round_even(load(x + j) * load(multiplier + j)) + z;
+        v = v < -128.0f ? broadcast(-128.0f) : v;
+        v = v > 127.0f ? broadcast(127.0f) : v;
+        *(b16u*)(q + j) = __builtin_convertvector(__builtin_convertvector(v, i16v), b16);
+    }
+    for (; j < cols; ++j) {
+        float v = round_even(x[j] * multiplier[j]) + zero;
+        v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
+        q[j] = (int8_t)v;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x (rows, cols) floats, rows xs apart → q (rows, cols) int8, scale and zero (rows,): per row, or
+// with multiplier (cols,) non-null one static range (zero `static_zero`, scale/zero untouched).
+int bertkit_int8_quantize(const float* x, int64_t rows, int64_t cols, int64_t xs, int8_t* q, float* scale,
+                          float* zero, const float* multiplier, float static_zero, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < rows; ++i) {
+        if (multiplier) quantize_static(x + i * xs, cols, multiplier, static_zero, q + i * cols);
+        else quantize_dynamic(x + i * xs, cols, q + i * cols, scale + i, zero + i);
+    }
+    return 0;
+}
+
+// acc (rows, cols) int32 = q Qᵀ of a Linear whose input was quantized with row_scale/row_zero
+// (one per row, or one for all rows when row_step is 0) → per row, in this order:
+//   y = float(acc) · (s · weight_scale) − (s · z) · column_sums + bias        (int8.dequantize)
+//   y = residual + y                                  where residual is non-null (rows rs apart)
+//   y = LayerNorm(y) · gamma + beta                   where gamma is non-null
+//   y = act(y)                                        act: 0 none, 1 GELU (erf), 2 ReLU
+// then y is written to out (rows os apart) where out is non-null, and quantized for the next
+// Linear into q (rows, cols) where q is non-null: per row into q_scale/q_zero, or with
+// q_multiplier non-null with that static range.
+int bertkit_int8_epilogue(const int32_t* acc, int64_t rows, int64_t cols, const float* row_scale,
+                          const float* row_zero, int64_t row_step, const float* weight_scale,
+                          const float* column_sums, const float* bias, const float* residual, int64_t rs,
+                          const float* gamma, const float* beta, float eps, int act, float* out, int64_t os,
+                          int8_t* q, float* q_scale, float* q_zero, const float* q_multiplier,
+                          float q_static_zero, int threads) {
+    if (act < kNone || act > kRelu) return 1;
+    #pragma omp parallel num_threads(threads)
+    {
+        static thread_local std::vector<float> buffer;
+        if ((int64_t)buffer.size() < cols + 16) buffer.resize(cols + 16);
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < rows; ++i) {
+            // straight into out where nothing reads the row after it is written (no activation's
+            // vector tail, no quantization), else through a row of scratch
+            const bool direct = out && !q && act == kNone;
+            float* y = direct ? out + i * os : buffer.data();
+            const float s = row_scale[i * row_step], z = row_zero[i * row_step];
+            const v16 sv = broadcast(s), szv = broadcast(s * z);
+            const int32_t* a = acc + i * cols;
+            int64_t j = 0;
+            for (; j + 16 <= cols; j += 16) {
+                v16 v = __builtin_convertvector(*(const i16vu*)(a + j), v16);
+                store(y + j, v * (sv * load(weight_scale + j)) - szv * load(column_sums + j) + load(bias + j));
+            }
+            for (; j < cols; ++j) y[j] = (float)a[j] * (s * weight_scale[j]) - (s * z) * column_sums[j] + bias[j];
+            if (residual) {
+                const float* r = residual + i * rs;
+                for (j = 0; j + 16 <= cols; j += 16) store(y + j, load(r + j) + load(y + j));
+                for (; j < cols; ++j) y[j] = r[j] + y[j];
+            }
+            if (gamma) {
+                v16 total{};
+                for (j = 0; j + 16 <= cols; j += 16) total += load(y + j);
+                float sum = 0.f;
+                for (int t = 0; t < 16; ++t) sum += total[t];
+                for (; j < cols; ++j) sum += y[j];
+                const float mean = sum / cols;
+                v16 squares{};
+                for (j = 0; j + 16 <= cols; j += 16) {
+                    v16 d = load(y + j) - mean;
+                    squares += d * d;
+                }
+                float var = 0.f;
+                for (int t = 0; t < 16; ++t) var += squares[t];
+                for (; j < cols; ++j) var += (y[j] - mean) * (y[j] - mean);
+                var /= cols;
+                const float rstd = 1.0f / __builtin_sqrtf(var + eps);
+                for (j = 0; j + 16 <= cols; j += 16)
+                    store(y + j, (load(y + j) - mean) * rstd * load(gamma + j) + load(beta + j));
+                for (; j < cols; ++j) y[j] = (y[j] - mean) * rstd * gamma[j] + beta[j];
+            }
+            if (act != kNone) {
+                // the tail of a row goes through the vector code too: y has 16 floats of slack
+                for (int64_t t = cols; t < ((cols + 15) & ~(int64_t)15); ++t) y[t] = 0.f;
+                for (j = 0; j < cols; j += 16) {
+                    v16 v = load(y + j);
+                    v = act == kGeluErf ? 0.5f * v * (1.0f + erf16(v * 0.70710678118654752f)) : (v > 0 ? v : v16{});
+                    store(y + j, v);
+                }
+            }
+            if (out && !direct) memcpy(out + i * os, y, cols * sizeof(float));
+            if (q) {
+                if (q_multiplier) quantize_static(y, cols, q_multiplier, q_static_zero, q + i * cols);
+                else quantize_dynamic(y, cols, q + i * cols, q_scale + i, q_zero + i);
+            }
+        }
+    }
+    return 0;
+}
+
+}  // extern "C"
