@@ -31,9 +31,12 @@ strings to vectors or scores (tokenization included), after a warm-up on the fir
 Per row: sentences/s (pairs/s), tokens/s (real tokens, [CLS]/[SEP] included, the same count on
 every row), MFU = useful encoder FLOPs (no padding) / time / the measured matmul peak of the row's
 precision, and the largest absolute difference and smallest cosine against bertkit fp32 and against
-the fp32 peer. Last line: `speedup vs fastest peer: fp32 X.XX× (peer), bf16 Y.YY× (peer), int8
+the fp32 peer. Last lines: `speedup vs fastest peer: fp32 X.XX× (peer), bf16 Y.YY× (peer), int8
 Z.ZZ× (peer)` on workload (a), each against the fastest peer of that precision class (int8: dynamic
-and static alike; every row's min cosine says what its precision costs).
+and static alike; every row's min cosine says what its precision costs), then `goals: ...`, each
+engine goal met or not (`goals`: fp32 against the fastest fp32 peer, bf16 against OpenVINO's,
+dynamic int8 against CTranslate2's at min cosine ≥ 0.99, static int8 against OpenVINO's static
+int8 at a min cosine no lower than its).
 
 The peers never enter bertkit's venv: each runs as a subprocess of this same script in its own
 venv (`--worker st|ort|ct2|ov`, created by `bash bench/peers.sh`), reads the texts from a temp file and
@@ -931,6 +934,47 @@ def speedups(rows_a: list[Row]) -> dict[str, float | None]:
     return out
 
 
+GOAL = 1.2  # the engine's goals on workload (a): at least this many times the named peer
+
+
+def goals(rows_a: list[Row]) -> list[str]:
+    """Each goal on workload (a), met or not, with what it compared: fp32 ≥ 1.2× the fastest fp32
+    peer (or ≥ 90% MFU where that peer is already within 10% of the peak); bf16 ≥ 1.2× OpenVINO
+    bf16; dynamic int8 ≥ 1.2× CTranslate2 int8 at a min cosine ≥ 0.99; static int8 ≥ 1.2×
+    OpenVINO's static int8 at a min cosine no lower than OpenVINO's."""
+    by_name = {r.name: r for r in rows_a}
+
+    def cos(r: Row) -> float:
+        return r.vs_ours_fp32.get("min_cos", float("nan"))
+
+    def line(label: str, ours: str, peer: Row | str | None, extra: str = "", extra_ok: bool = True) -> str:
+        mine = by_name.get(ours)
+        peer = by_name.get(peer) if isinstance(peer, str) else peer
+        if mine is None or peer is None:
+            return f"{label}: n/a (a row did not run)"
+        ratio = mine.items_per_s / peer.items_per_s
+        met = ratio >= GOAL and extra_ok
+        return f"{label} {ratio:.2f}× {peer.name}{extra}: {'met' if met else 'not met'}"
+
+    fp32_peers = [r for r in rows_a if r.peer and r.precision == "fp32"]
+    fastest = max(fp32_peers, key=lambda r: r.items_per_s) if fp32_peers else None
+    out = [line("fp32", "bertkit fp32", fastest)]
+    ours = by_name.get("bertkit fp32")
+    if fastest is not None and ours is not None and fastest.mfu >= 0.9 and out[0].endswith("not met"):
+        out[0] = (f"fp32 MFU {ours.mfu:.1%} with {fastest.name} at {fastest.mfu:.1%}: "
+                  f"{'met' if ours.mfu >= 0.9 else 'not met'}")
+    out.append(line("bf16", "bertkit bf16", "openvino bf16"))
+    dynamic = by_name.get("bertkit int8")
+    if dynamic is not None:
+        out.append(line("int8", "bertkit int8", "ctranslate2 int8", f", min cosine {cos(dynamic):.5f}",
+                        cos(dynamic) >= 0.99))
+    static, peer = by_name.get("bertkit int8-static"), by_name.get("openvino int8 static (NNCF)")
+    if static is not None and peer is not None:
+        out.append(line("int8-static", "bertkit int8-static", peer,
+                        f", min cosine {cos(static):.5f} vs {cos(peer):.5f}", cos(static) >= cos(peer)))
+    return out
+
+
 def cpu_name() -> str:
     info = Path("/proc/cpuinfo")
     for line in (info.read_text().splitlines() if info.exists() else []):
@@ -1018,6 +1062,7 @@ def main(argv: list[str] | None = None) -> None:
         parts = [f"{p} {s[p]:.2f}× ({s[p + '_fastest_peer']})" if s[p] is not None else f"{p} n/a"
                  for p in ("fp32", "bf16", "int8")]
         print(f"speedup vs fastest peer: {', '.join(parts)}")
+        print("goals: " + "; ".join(goals(all_rows["a"])))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,13 @@
 Two measurements, every one in its own process (a mode is chosen when bertkit is imported):
 
 1. **Start**: `bertkit embed MINILM "a text" --precision P`, process start to answer (wall time of
-   the whole command), for fp32 and for int8 with `compile` (torch.compile in every process) and
-   `aot` (AOTInductor kernels kept on disk). The kernel cache is a fresh directory, so the first
-   `aot` run compiles (its time is printed on its own) and the runs after it load. Interleaved
-   rounds; the median per mode.
+   the whole command), for fp32 and for int8 with `native` (bertkit's C++ kernels, the default),
+   `compile` (torch.compile in every process) and `aot` (AOTInductor kernels kept on disk). The
+   kernel cache is a fresh directory, so the first `native` and `aot` runs compile (their times
+   are printed on their own) and the runs after them load. Interleaved rounds; the median per mode.
 2. **Speed**: MiniLM embeddings of the first N BBC sentences (`infer.bbc_sentences`), timed inside
-   the process after a warm-up pass, for int8 compile / aot / eager; the best of the passes per
-   mode, interleaved by round; the ratio aot / compile.
+   the process after a warm-up pass, for int8 native / compile / aot / eager; the best of the
+   passes per mode, interleaved by round; the ratios native / aot and aot / compile.
 
     python bench/int8_start.py                      # 5 start rounds, 1,000 sentences × 3 rounds
     python bench/int8_start.py --starts 3 --sentences 500 --rounds 2 --threads 2
@@ -96,23 +96,25 @@ def main() -> None:
     result: dict = {"threads": args.threads, "load_before": load_before}
     with tempfile.TemporaryDirectory(prefix="bertkit-int8-start-") as tmp:
         cache = Path(tmp) / "cache"
-        first = start_seconds(model, "int8", "aot", cache, args.threads)
-        print(f"int8 aot, first start (compiles its kernels into an empty cache): {first:.1f} s", flush=True)
-        result["aot_first_start_s"] = round(first, 2)
-        starts: dict[str, list[float]] = {"fp32": [], "int8 compile": [], "int8 aot": []}
+        for mode in ("native", "aot"):
+            first = start_seconds(model, "int8", mode, cache, args.threads)
+            print(f"int8 {mode}, first start (compiles its kernels into an empty cache): {first:.1f} s", flush=True)
+            result[f"{mode}_first_start_s"] = round(first, 2)
+        starts: dict[str, list[float]] = {"fp32": [], "int8 native": [], "int8 compile": [], "int8 aot": []}
         for r in range(args.starts):
             starts["fp32"].append(start_seconds(model, "fp32", None, cache, args.threads))
-            starts["int8 compile"].append(start_seconds(model, "int8", "compile", cache, args.threads))
-            starts["int8 aot"].append(start_seconds(model, "int8", "aot", cache, args.threads))
+            for mode in ("native", "compile", "aot"):
+                starts[f"int8 {mode}"].append(start_seconds(model, "int8", mode, cache, args.threads))
             print(f"start round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in starts.items()), flush=True)
         medians = {k: statistics.median(v) for k, v in starts.items()}
         result["start_median_s"] = {k: round(v, 2) for k, v in medians.items()}
         result["aot_over_fp32_start_s"] = round(medians["int8 aot"] - medians["fp32"], 2)
         result["compile_over_fp32_start_s"] = round(medians["int8 compile"] - medians["fp32"], 2)
+        result["native_over_fp32_start_s"] = round(medians["int8 native"] - medians["fp32"], 2)
 
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(bbc_sentences(args.sentences)))
-        speeds: dict[str, list[float]] = {"compile": [], "aot": [], "eager": []}
+        speeds: dict[str, list[float]] = {"native": [], "compile": [], "aot": [], "eager": []}
         for r in range(args.rounds):
             for mode in speeds:
                 speeds[mode].append(speed_seconds(model, texts_file, mode, cache, args.threads, args.passes))
@@ -122,12 +124,15 @@ def main() -> None:
         result["sentences"] = args.sentences
         result["sentences_per_s"] = {m: round(args.sentences / s, 1) for m, s in best.items()}
         result["aot_speed_over_compile"] = round(best["compile"] / best["aot"], 3)
+        result["native_speed_over_aot"] = round(best["aot"] / best["native"], 3)
     result["load_after"] = loadavg()
     print(f"start, median of {args.starts}: " + ", ".join(f"{k} {v:.2f} s" for k, v in medians.items())
-          + f"; aot − fp32 = {result['aot_over_fp32_start_s']:+.2f} s")
+          + f"; native − fp32 = {result['native_over_fp32_start_s']:+.2f} s, aot − fp32 = "
+          f"{result['aot_over_fp32_start_s']:+.2f} s")
     print(f"speed, best of {args.rounds}×{args.passes}: " + ", ".join(
         f"{m} {v:,.0f}/s" for m, v in result["sentences_per_s"].items())
-          + f"; aot at {result['aot_speed_over_compile']:.2f}× compile")
+          + f"; native at {result['native_speed_over_aot']:.2f}× aot, "
+          f"aot at {result['aot_speed_over_compile']:.2f}× compile")
     print(f"load average {load_before:.2f} before, {result['load_after']:.2f} after")
     print(json.dumps(result))
 
