@@ -41,27 +41,30 @@ def alone(qkv: torch.Tensor, packed: Packed, layer: Layer) -> list[torch.Tensor]
 
 
 @needs_compiler
-@pytest.mark.parametrize("head_size", [16, 32, 64, 128])
-def test_native_attention_is_as_exact_as_sdpa_over_each_sequence_alone(head_size):
+@pytest.mark.parametrize("head_size,dtype", [(16, torch.float32), (32, torch.float32), (64, torch.float32),
+                                             (128, torch.float32), (32, torch.bfloat16), (64, torch.bfloat16)])
+def test_native_attention_is_as_exact_as_sdpa_over_each_sequence_alone(head_size, dtype):
     """Against attention in float64, off by no more than a few times SDPA's own float32 error
     (the scores' rounding, which depends on the order of the sums, dominates both). Lengths around
     the kernel's blocks (4 keys, 16 queries) and past its 512-token limit (those go to SDPA in the
-    same call); every query, and the first token only."""
+    same call); every query, and the first token only. bf16: fp32 arithmetic on the widened inputs,
+    the outputs rounded to bf16, as SDPA's CPU kernel."""
     kernel = native.attention()
     assert kernel is not None, native.status()
     torch.manual_seed(head_size)
     layer = Layer(3, head_size)
     lengths = [kernel.max_length + 9, kernel.max_length, 33, 33, 17, 16, 15, 5, 4, 3, 1]
     packed = Packed.from_lengths(lengths)
-    qkv = torch.randn(sum(lengths), 3 * layer.num_heads * head_size) * 2
+    qkv = (torch.randn(sum(lengths), 3 * layer.num_heads * head_size) * 2).to(dtype)
     with torch.inference_mode():
         assert packing.native_attention(layer, qkv, None) is kernel
         every, first = packed.attend(layer, qkv), packed.attend_first(layer, qkv)
         sdpa, exact = alone(qkv, packed, layer), alone(qkv.double(), packed, layer)
     for b, (start, n) in enumerate(zip(packed.starts.tolist(), packed.lengths)):
-        bound = (sdpa[b] - exact[b]).abs().max().item() * 3 + 1e-6
-        assert (every[start:start + n] - exact[b]).abs().max() <= bound, (b, n)
-        assert (first[b] - exact[b][0]).abs().max() <= bound, (b, n)
+        bound = (sdpa[b].double() - exact[b]).abs().max().item() * 3 + 1e-6
+        assert every.dtype == first.dtype == dtype
+        assert (every[start:start + n].double() - exact[b]).abs().max() <= bound, (b, n)
+        assert (first[b].double() - exact[b][0]).abs().max() <= bound, (b, n)
 
 
 @needs_compiler
@@ -82,10 +85,10 @@ def test_a_sequence_gets_the_same_bits_whatever_its_neighbours_and_threads():
 
 
 def test_the_kernel_is_left_where_it_does_not_apply():
-    """Training, autograd, bf16, a scores bias (MPNet) and head sizes it has no code for take SDPA."""
+    """Training, autograd, fp16, a scores bias (MPNet) and head sizes it has no code for take SDPA."""
     qkv = torch.randn(10, 3 * 64)
     assert packing.native_attention(Layer(2, 10), torch.randn(10, 60), None) is None  # head size 10
-    assert packing.native_attention(Layer(2, 32), qkv.bfloat16(), None) is None
+    assert packing.native_attention(Layer(2, 32), qkv.half(), None) is None
     assert packing.native_attention(Layer(2, 32), qkv, torch.zeros(1, 2, 10, 10)) is None
     training = Layer(2, 32)
     training.training = True

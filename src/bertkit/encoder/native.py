@@ -102,22 +102,25 @@ class Attention:
     layout). max_length: the longest sequence it takes; head_sizes: the head sizes it takes."""
 
     head_sizes = frozenset(range(16, 129, 16))
+    dtypes = (torch.float32, torch.bfloat16)
 
     def __init__(self, lib: ctypes.CDLL):
         self._function = lib.bertkit_attention
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._function.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_float, ctypes.c_int,
-                                    ctypes.c_int]
+                                    ctypes.c_int, ctypes.c_int]
         self._function.restype = ctypes.c_int
         self.max_length = int(lib.bertkit_attention_max_length())
 
     def __call__(self, qkv: torch.Tensor, out: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor,
                  heads: int, head_size: int, first_only: bool = False) -> torch.Tensor:
-        """qkv (N, 3H) fp32 on the CPU, rows contiguous; out (N, H), or (B, H) with first_only;
-        starts, lengths (B,) int64 contiguous. Writes out and returns it."""
+        """qkv (N, 3H) fp32 or bf16 on the CPU, rows contiguous; out (N, H) of its dtype, or (B, H)
+        with first_only; starts, lengths (B,) int64 contiguous. Writes out and returns it."""
+        if qkv.dtype not in self.dtypes or out.dtype != qkv.dtype:
+            raise ValueError(f"native attention takes fp32 or bf16 (in and out alike), got {qkv.dtype} → {out.dtype}")
         code = self._function(qkv.data_ptr(), qkv.stride(0), out.data_ptr(), out.stride(0), starts.data_ptr(),
                               lengths.data_ptr(), lengths.numel(), heads, head_size, head_size ** -0.5,
-                              int(first_only), torch.get_num_threads())
+                              int(first_only), int(qkv.dtype == torch.bfloat16), torch.get_num_threads())
         if code:
             raise ValueError(f"native attention refused its arguments (code {code}): head size {head_size}, "
                              f"lengths {lengths.min().item()}..{lengths.max().item()}")

@@ -11,7 +11,7 @@ Two layouts, used by the encoder in `model.py` (this module is its kernels, as M
   as one batched SDPA call over a view of the packed tensor; on CUDA in 16 bits, as one
   variable-length flash-attention call (`torch.nn.attention.varlen`).
 
-Native kernel (CPU, fp32, inference, no scores bias): every sequence of up to 512 tokens attends
+Native kernel (CPU, fp32 or bf16, inference, no scores bias): every sequence of up to 512 tokens attends
 in one call of bertkit's own kernel (`kernels/attention.cpp`, `native_attention`), which
 does each (sequence, head) in registers and measured faster than SDPA at every length it takes
 (docs/design.md has the sweep). Where it cannot be compiled, SDPA as above.
@@ -193,10 +193,10 @@ class Packed:
 
 
 def native_attention(layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None):
-    """`native`'s attention kernel where it applies, else None: fp32 on the CPU at
+    """`native`'s attention kernel where it applies, else None: fp32 or bf16 on the CPU at
     inference (no dropout, no autograd, no compiler tracing), without a scores bias, for a head
     size it has code for, where it compiled (`native.status()` says why not)."""
-    if (bias is not None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or layer.training
+    if (bias is not None or qkv.dtype not in native.Attention.dtypes or qkv.device.type != "cpu" or layer.training
             or qkv.stride(1) != 1 or (torch.is_grad_enabled() and qkv.requires_grad)
             or layer.head_dim not in native.Attention.head_sizes
             or torch.compiler.is_compiling() or torch.compiler.is_exporting()):
