@@ -118,8 +118,8 @@ class Server:
         # stderr to a file, not a pipe: a server that logs more than a pipe holds (64 kB) under a
         # long load would block on its next line
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log,
-                                     env={**os.environ, **self.env}, cwd=ROOT)
+        env = {k: v for k, v in {**os.environ, **self.env}.items() if v is not None}  # None: unset it
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log, env=env, cwd=ROOT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -171,7 +171,10 @@ def servers(model: Path, threads: int, wanted: list[str], infinity_python: str |
         if name == "infinity":
             # Its own venv when given (its pins need not agree with ours), else this interpreter's.
             peer_python = infinity_python or python
-            probe = subprocess.run([peer_python, "-c", "import infinity_emb"], capture_output=True)
+            # its own venv sees none of this one's PYTHONPATH (the load clients' packages)
+            own = {"PYTHONPATH": None} if infinity_python else {}
+            probe = subprocess.run([peer_python, "-c", "import infinity_emb"], capture_output=True,
+                                   env={k: v for k, v in os.environ.items() if k not in own})
             if probe.returncode != 0:
                 notes.append(f"infinity-emb is not importable by {peer_python}: skipped (pip install "
                              "'infinity-emb[server,torch]' there, or pass --infinity-python VENV/bin/python)")
@@ -179,7 +182,7 @@ def servers(model: Path, threads: int, wanted: list[str], infinity_python: str |
             found.append(Server("infinity", [peer_python, "-m", "infinity_emb.cli", "v2", "--model-id", str(model),
                                              "--port", "{PORT}", "--engine", "torch", "--device", "cpu",
                                              "--dtype", INFINITY_DTYPES[precision]],
-                                "/embeddings", "input", env={"OMP_NUM_THREADS": str(threads)}))
+                                "/embeddings", "input", env={"OMP_NUM_THREADS": str(threads), **own}))
         else:
             found.append(table[name])
     return found, notes
