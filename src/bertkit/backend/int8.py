@@ -153,6 +153,12 @@ class _Kernels:
 _KERNELS = _Kernels()
 
 
+def native_kernels():
+    """The native int8 kernels (`native.Int8`) where BERTKIT_INT8_KERNELS is native (the default)
+    and they compiled here; else None."""
+    return _KERNELS.native()
+
+
 class Int8Linear(nn.Module):
     """A frozen nn.Linear for inference: int8 weights (per output channel), int8 activations
     (per row, asymmetric, range including 0), int32 accumulation, fp32 output."""
@@ -178,7 +184,7 @@ class Int8Linear(nn.Module):
         # cache instead of going to memory and back (a third less time: docs/design.md).
         rows = max(256, CHUNK_ELEMENTS // self.out_features)
         y = torch.empty(x.shape[0], self.out_features)  # (N, out)
-        kernels = _KERNELS.native()
+        kernels = native_kernels()
         if kernels is not None:
             steps = _NativeSteps(kernels, min(rows, x.shape[0]), self.in_features, self.out_features)
             for start in range(0, x.shape[0], rows):
@@ -339,7 +345,7 @@ class Int8EncoderLayer(EncoderLayer):
     """
 
     def feed_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        kernels = _KERNELS.native()
+        kernels = native_kernels()
         act = NATIVE_ACTIVATIONS.get(self.act)
         if kernels is not None and act is not None:
             return self._native_feed_forward(kernels, act, x, y)

@@ -239,7 +239,7 @@ class StaticInt8Linear(Int8Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) float → (..., out) float32."""
-        if int8._KERNELS.native() is not None:
+        if int8.native_kernels() is not None:
             return super().forward(x)  # Int8Linear's native path, with this input range
         shape = x.shape[:-1]
         y = _KERNEL.get()(x.reshape(-1, self.in_features).float(), *self.static_terms())  # (N, out)
