@@ -1,19 +1,20 @@
 """bertkit's own C++ kernels (`encoder/kernels/*.cpp`), compiled for this CPU on first use.
 
-    kernel = native.attention()     # a ctypes function, or None where it cannot be had
-    native.status()                 # {"attention": "loaded" | the reason it is not}
+    kernel = native.attention()     # `Attention` over tensors, or None where it cannot be had
+    native.int8()                   # `Int8`: the passes around an int8 GEMM, or None
+    native.status()                 # {"attention": "loaded" | the reason it is not, ...}
 
 A kernel is plain C++ (vector extensions and OpenMP, no PyTorch headers), so compiling it takes
 about a second: `$CXX` (else `c++`) with `-O3 -march=native -fopenmp`. The library is kept under
-`fileio.cache_dir()/kernels/`, named by a hash of its source, the compiler's version and this
-CPU's model and flags (`util.machine.cpu_identity`): a later process loads it in milliseconds, and a
-copied cache on another CPU compiles anew rather than running code built for other flags.
-OpenMP binds to the libgomp that PyTorch loaded (its soname is already in the process), so the
-kernels share torch's threads rather than starting a second pool.
+`fileio.cache_dir()/kernels/`, named by a hash of its source and the headers beside it, the
+compiler's version and this CPU's model and flags (`util.machine.cpu_identity`): a later process
+loads it in milliseconds, and a copied cache on another CPU compiles anew rather than running
+code built for other flags. OpenMP binds to the libgomp that PyTorch loaded (its soname is
+already in the process), so the kernels share torch's threads rather than starting a second pool.
 
-Where there is no compiler, the compilation fails, or `BERTKIT_NATIVE=0`, `attention()` returns
-None and the callers keep PyTorch's kernels; the reason is logged once and kept in `status()`.
-"""
+Where there is no compiler, the compilation fails, or `BERTKIT_NATIVE=0`, `attention()` and
+`int8()` return None and the callers keep PyTorch's kernels; the reason is logged once and kept
+in `status()`."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ def _library(name: str) -> ctypes.CDLL:
     compiler, version = found
     source = SOURCES / f"{name}.cpp"
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), version.encode(), " ".join(FLAGS).encode(), cpu_identity().encode()):
+    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # what the sources include
+    for part in (source.read_bytes(), *headers, version.encode(), " ".join(FLAGS).encode(),
+                 cpu_identity().encode()):
         digest.update(part)
     target = cache_dir() / "kernels" / f"{name}-{digest.hexdigest()[:24]}.so"
     if not target.is_file():

@@ -23,11 +23,13 @@
 
 #include <vector>
 
+#include "vector.h"
+
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
+using namespace bertkit;
+using bertkit::store;  // overloaded below
+
 typedef uint32_t u16v __attribute__((vector_size(64)));
 typedef uint16_t h16 __attribute__((vector_size(32)));
 typedef uint16_t h16u __attribute__((vector_size(32), aligned(2)));
@@ -36,9 +38,6 @@ constexpr int64_t kMaxLength = 512;    // tokens per sequence
 constexpr int64_t kMaxHeadSize = 128;  // hs, a multiple of 16
 constexpr int64_t kCopyBytes = 1 << 20;  // longer sequences are read in place
 
-inline v16 broadcast(float x) { return v16{} + x; }
-inline v16 load(const float* p) { return *(const v16u*)p; }
-inline void store(float* p, v16 x) { *(v16u*)p = x; }
 // bf16 (the upper half of an fp32), rounded to nearest even (inputs are finite here)
 inline void store(uint16_t* p, v16 x) {
     u16v bits = (u16v)x;
@@ -52,24 +51,6 @@ inline void widen(const uint16_t* from, float* to, int64_t n) {
         uint32_t bits = (uint32_t)from[i] << 16;
         memcpy(to + i, &bits, 4);
     }
-}
-
-// e^x for x <= 0 (a score less the row's maximum): Cephes' expf, about 1 ulp. Below -87.3 it
-// returns e^-87.3 (1e-38) rather than 0, which a sum of at least 1 (the maximum's e^0) ignores.
-inline v16 exp_nonpositive(v16 x) {
-    x = x < broadcast(-87.3f) ? broadcast(-87.3f) : x;
-    const v16 round = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-    v16 n = (x * 1.44269504088896341f + round) - round;
-    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    v16 p = broadcast(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i16v exponent = (__builtin_convertvector(n, i16v) + 127) << 23;
-    return p * (v16)exponent;
 }
 
 // One (sequence, head): q, k, v point at the head's columns in the sequence's first row, rows
@@ -121,7 +102,7 @@ void attend_head(const float* q, const float* k, const float* v, int64_t rs, Out
         }
         v16 sum{};
         for (j = 0; j < keys; ++j) {
-            v16 e = exp_nonpositive(*(v16*)(st + 16 * j) - top);
+            v16 e = exp16(*(v16*)(st + 16 * j) - top);
             *(v16*)(st + 16 * j) = e;
             sum += e;
         }
