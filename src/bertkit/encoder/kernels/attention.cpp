@@ -102,7 +102,7 @@ void attend_head(const float* q, const float* k, const float* v, int64_t rs, Out
         }
         v16 sum{};
         for (j = 0; j < keys; ++j) {
-            v16 e = exp16(*(v16*)(st + 16 * j) - top);
+            v16 e = exp_nonpositive(*(v16*)(st + 16 * j) - top);
             *(v16*)(st + 16 * j) = e;
             sum += e;
         }

@@ -22,12 +22,13 @@ inline v16 round_even(v16 x) {
     return (x + big) - big;
 }
 
-// e^x, Cephes' expf (about 1 ulp), x clamped to [-87.3, 88.3]: below, e^-87.3 (1e-38) rather
-// than 0, which every caller's sum (at least 1) or product ignores.
-inline v16 exp16(v16 x) {
+// e^x for x <= 0 (every caller's case: a score less its row's maximum, erf's -x^2), Cephes' expf,
+// about 1 ulp. Below -87.3 it returns e^-87.3 (1e-38) rather than 0, which the callers' sums (at
+// least 1) and products ignore.
+inline v16 exp_nonpositive(v16 x) {
     x = x < broadcast(-87.3f) ? broadcast(-87.3f) : x;
-    x = x > broadcast(88.3f) ? broadcast(88.3f) : x;
-    v16 n = round_even(x * 1.44269504088896341f);
+    const v16 big = broadcast(12582912.0f);
+    v16 n = (x * 1.44269504088896341f + big) - big;  // round_even
     v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
     v16 p = broadcast(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
