@@ -11,16 +11,16 @@ Two layouts, used by the encoder in `model.py` (this module is its kernels, as M
   as one batched SDPA call over a view of the packed tensor; on CUDA in 16 bits, as one
   variable-length flash-attention call (`torch.nn.attention.varlen`).
 
-Native kernel (CPU, fp32 or bf16, inference, no scores bias): every sequence of up to 512 tokens attends
-in one call of bertkit's own kernel (`kernels/attention.cpp`, `native_attention`), which
+Native kernel (CPU, fp32 or bf16, inference, no scores bias): every sequence of up to 512 tokens
+attends in one call of bertkit's own kernel (`kernels/attention.cpp`, `native_attention`), which
 does each (sequence, head) in registers and measured faster than SDPA at every length it takes
 (docs/design.md has the sweep). Where it cannot be compiled, SDPA as above.
 
-Key windows (CPU, fp32, inference, without the native kernel): for most lengths 1-13 short of a multiple of 16, each
-sequence reads its keys through a window rounded up to that multiple, the rows past the sequence
-masked with -inf (`key_windows`, `windowed_attention`): SDPA's CPU flash kernel runs the last
-length % 16 keys of every score row through a slow partial-vector path. docs/design.md has
-the sweep that chose the lengths.
+Key windows (CPU, fp32, inference, without the native kernel): for most lengths 1-13 short of a
+multiple of 16, each sequence reads its keys through a window rounded up to that multiple, the
+rows past the sequence masked with -inf (`key_windows`, `windowed_attention`): SDPA's CPU flash
+kernel runs the last length % 16 keys of every score row through a slow partial-vector path.
+docs/design.md has the sweep that chose the lengths.
 
 Dimension letters: B batch, T sequence length, N real tokens, H hidden size, nh heads, hs head size.
 """
@@ -167,7 +167,6 @@ class Packed:
             out[done:done + count] = y.reshape(count, nh * hs)
             done += count
         return out
-
 
     def _native(self, layer: nn.Module, qkv: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                 first_only: bool) -> list[tuple[int, int, int]]:

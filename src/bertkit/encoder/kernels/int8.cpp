@@ -43,6 +43,20 @@ inline v16 erf16(v16 x) {
 
 enum Activation { kNone = 0, kGeluErf = 1, kRelu = 2 };
 
+// 16 values, already rounded, clamped to int8's range and stored (one value: the same, scalar)
+inline void store_int8(int8_t* q, v16 v) {
+    v = v < -128.0f ? broadcast(-128.0f) : v;
+    v = v > 127.0f ? broadcast(127.0f) : v;
+    *(b16u*)q = __builtin_convertvector(__builtin_convertvector(v, i16v), b16);
+}
+inline int8_t to_int8(float v) { return (int8_t)(v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v)); }
+
+inline float sum_lanes(v16 v) {
+    float sum = 0.f;
+    for (int t = 0; t < 16; ++t) sum += v[t];
+    return sum;
+}
+
 // Row-wise quantization of x (cols floats) into q, as int8.quantize_rows: the range holds 0,
 // scale = (hi - lo) / 255, zero = -128 - round(lo / scale), q = clamp(round(x / scale) + zero).
 void quantize_dynamic(const float* x, int64_t cols, int8_t* q, float* scale_out, float* zero_out) {
@@ -68,34 +82,16 @@ void quantize_dynamic(const float* x, int64_t cols, int8_t* q, float* scale_out,
     *scale_out = scale;
     *zero_out = zero;
     const v16 s = broadcast(scale), z = broadcast(zero);
-    for (j = 0; j + 16 <= cols; j += 16) {
-        v16 v = round_even(load(x + j) / s) + z;
-        v = v < -128.0f ? broadcast(-128.0f) : v;
-        v = v > 127.0f ? broadcast(127.0f) : v;
-        *(b16u*)(q + j) = __builtin_convertvector(__builtin_convertvector(v, i16v), b16);
-    }
-    for (; j < cols; ++j) {
-        float v = round_even(x[j] / scale) + zero;
-        v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
-        q[j] = (int8_t)v;
-    }
+    for (j = 0; j + 16 <= cols; j += 16) store_int8(q + j, round_even(load(x + j) / s) + z);
+    for (; j < cols; ++j) q[j] = to_int8(round_even(x[j] / scale) + zero);
 }
 
 // Static quantization, as int8_static.static_linear_rows: q = clamp(round(x · multiplier) + zero).
 void quantize_static(const float* x, int64_t cols, const float* multiplier, float zero, int8_t* q) {
     int64_t j = 0;
     const v16 z = broadcast(zero);
-    for (; j + 16 <= cols; j += 16) {
-        v16 v = round_even(load(x + j) * load(multiplier + j)) + z;
-        v = v < -128.0f ? broadcast(-128.0f) : v;
-        v = v > 127.0f ? broadcast(127.0f) : v;
-        *(b16u*)(q + j) = __builtin_convertvector(__builtin_convertvector(v, i16v), b16);
-    }
-    for (; j < cols; ++j) {
-        float v = round_even(x[j] * multiplier[j]) + zero;
-        v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
-        q[j] = (int8_t)v;
-    }
+    for (; j + 16 <= cols; j += 16) store_int8(q + j, round_even(load(x + j) * load(multiplier + j)) + z);
+    for (; j < cols; ++j) q[j] = to_int8(round_even(x[j] * multiplier[j]) + zero);
 }
 
 }  // namespace
@@ -157,8 +153,7 @@ int bertkit_int8_epilogue(const int32_t* acc, int64_t rows, int64_t cols, const 
             if (gamma) {
                 v16 total{};
                 for (j = 0; j + 16 <= cols; j += 16) total += load(y + j);
-                float sum = 0.f;
-                for (int t = 0; t < 16; ++t) sum += total[t];
+                float sum = sum_lanes(total);
                 for (; j < cols; ++j) sum += y[j];
                 const float mean = sum / cols;
                 v16 squares{};
@@ -166,8 +161,7 @@ int bertkit_int8_epilogue(const int32_t* acc, int64_t rows, int64_t cols, const 
                     v16 d = load(y + j) - mean;
                     squares += d * d;
                 }
-                float var = 0.f;
-                for (int t = 0; t < 16; ++t) var += squares[t];
+                float var = sum_lanes(squares);
                 for (; j < cols; ++j) var += (y[j] - mean) * (y[j] - mean);
                 var /= cols;
                 const float rstd = 1.0f / __builtin_sqrtf(var + eps);
