@@ -30,6 +30,8 @@ from bertkit.encoder.heads import BertForQuestionAnswering, BertForSequenceClass
 from bertkit.encoder.model import BertForMaskedLM
 from bertkit.inference import classify, embed, fill_mask, ner, qa, rerank
 from bertkit.serve import Limits, Service, build_app, load_model
+from bertkit.serve.runners import RUNNERS
+from bertkit.serve.scheduler import default_model_threads, thread_shares
 
 from model_fixtures import save_tiny, save_tiny_m3
 from web_fixtures import running_app, serve_process
@@ -417,6 +419,91 @@ def test_overload_is_429_with_retry_after_and_recovers(models, monkeypatch):
     assert service.admission.free == 2
 
 
+def test_model_threads_split_torch_threads_and_default_to_two_on_the_cpu(models):
+    assert thread_shares(5, 2) == [3, 2] and thread_shares(4, 4) == [1, 1, 1, 1] and thread_shares(8, 1) == [None]
+    with pytest.raises(ValueError, match="--model-threads 3 is more than the 2 torch threads"):
+        thread_shares(2, 3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert default_model_threads([models["minilm"]]) == 2
+        torch.set_num_threads(1)
+        assert default_model_threads([models["minilm"]]) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Gates:
+    """Holds every model thread that enters `engine.run` until opened, noting which threads."""
+
+    def __init__(self, engine, monkeypatch):
+        self.opened, self.inside, self.lock = threading.Event(), set(), threading.Lock()
+        real = engine.run
+
+        def held(*args, **kwargs):
+            with self.lock:
+                self.inside.add(threading.get_ident())
+            assert self.opened.wait(WAIT), "the gate was never opened"
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "run", held)
+
+
+def test_two_model_threads_run_side_by_side_and_answer_as_one_does(models, monkeypatch):
+    """With model_threads=2, a second run starts while the first is held (two threads inside the
+    engine at once), and every answer equals the library's for its input alone."""
+    engine = models["minilm"].engine
+    alone = [embed(engine, [s]) for s in SENTENCES * 2]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    gates = Gates(engine, monkeypatch)
+    try:
+        with running(Service({"minilm": models["minilm"]}, model_threads=2)) as c, \
+                ThreadPoolExecutor(len(alone)) as pool:
+            futures = [pool.submit(c.post, "/embed", json={"inputs": s}) for s in SENTENCES * 2]
+            until(lambda: len(gates.inside) == 2, "both model threads to be inside a run")
+            gates.opened.set()
+            results = [f.result(WAIT) for f in futures]
+    finally:
+        gates.opened.set()
+        torch.set_num_threads(threads)
+    assert all(r.status_code == 200 for r in results)
+    for got, want in zip(results, alone):
+        assert (torch.tensor(got.json()) - want).abs().max() <= 1e-5
+
+
+def test_two_model_threads_never_use_an_engines_tokenizer_at_once(models, monkeypatch):
+    """fill-mask, NER and QA tokenize on the model thread with the engine's own tokenizer, whose
+    truncation is state: over two model threads their runs on one engine take turns (a run that
+    found another inside would be recorded), and each answers as the library does alone."""
+    text = "John Smith lives in Paris."
+    want = [{k: v for k, v in e.items() if k != "score"} for e in ner(models["ner"].engine, [text])[0]]
+    inside, overlaps, lock = [0], [0], threading.Lock()
+    real = RUNNERS["ner"]
+
+    def watched(model, key, items):
+        with lock:
+            inside[0] += 1
+            overlaps[0] += inside[0] > 1
+        time.sleep(0.02)  # long enough for the other model thread to come in, were it let
+        try:
+            return real(model, key, items)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setitem(RUNNERS, "ner", watched)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with running(Service({"ner": models["ner"]}, model_threads=2)) as c, ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: c.post("/ner", json={"inputs": text}).json(), range(24)))
+    finally:
+        torch.set_num_threads(threads)
+    assert overlaps[0] == 0
+    assert all([{k: v for k, v in e.items() if k != "score"} for e in got] == want for got in results)
+
+
 def test_a_departed_client_has_its_work_dropped(models, monkeypatch):
     engine = models["minilm"].engine
     service = Service({"minilm": models["minilm"]}, Limits())
@@ -486,6 +573,10 @@ def test_cli_serve_errors_are_one_line(model_dirs, tmp_path, capsys):
     assert "more than --max-concurrent-requests 512" in capsys.readouterr().err
     assert cli.main(["serve", str(model_dirs["mlm"]), "--drain-seconds", "-1"]) == 2
     assert "--drain-seconds must be 0 or more, got -1" in capsys.readouterr().err
+    assert cli.main(["serve", str(model_dirs["mlm"]), "--model-threads", "0"]) == 2
+    assert "--model-threads must be at least 1, got 0" in capsys.readouterr().err
+    assert cli.main(["serve", str(model_dirs["mlm"]), "--threads", "2", "--model-threads", "3"]) == 2
+    assert "--model-threads 3 is more than the 2 torch threads (--threads)" in capsys.readouterr().err
 
 
 def test_listening_socket_is_tcp_so_answers_are_sent_without_nagle_delay():

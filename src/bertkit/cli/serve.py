@@ -62,6 +62,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="allow POST /adapters (load an adapter dir inside DIR) and DELETE /adapters/NAME "
                    "at run time; needs --api-key")
     add_engine_arguments(p, max_batch_tokens_help="real tokens per model run, all requests together (8192)")
+    p.add_argument("--model-threads", type=int, default=None, metavar="N",
+                   help="threads running the models, each with its share of --threads (default: 2 on "
+                   "the CPU with 2 torch threads or more, else 1)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight at shutdown (30)")
     p.add_argument("--drain-seconds", type=float, default=0.0,
@@ -72,12 +75,17 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> None:
     need_web_stack("serve")
+    import torch
+
     from bertkit.serve import Limits, Service, load_model, parse_model_args, parse_served_names, serve
     from bertkit.serve.adapters import ServedAdapters, parse_adapter_args
+    from bertkit.serve.scheduler import default_model_threads, thread_shares
     from bertkit.util.web import listen
 
     if args.drain_seconds < 0:
         raise ValueError(f"--drain-seconds must be 0 or more, got {args.drain_seconds}")
+    if args.model_threads is not None:  # said before the models load, not after
+        thread_shares(torch.get_num_threads(), args.model_threads)
     limits = Limits(max_concurrent_requests=args.max_concurrent_requests,
                     max_client_batch_size=args.max_client_batch_size,
                     openai_max_batch_size=args.openai_max_batch_size,
@@ -102,10 +110,11 @@ def _run_serve(args: argparse.Namespace) -> None:
     adapters = ServedAdapters.attach(models, args.adapter_root) if adapter_specs or args.adapter_root else None
     for name, directory, base in adapter_specs:
         models[name] = adapters.load(name, directory, base)
+    model_threads = args.model_threads or default_model_threads(list(models.values()))
     service = Service(models, limits, api_key=args.api_key, aliases=aliases,
                       default_prompt_name=args.default_prompt_name,
                       allow_truncated_dimensions=args.allow_truncated_dimensions, adapters=adapters,
-                      indexes=indexes)
+                      indexes=indexes, model_threads=model_threads)
     sock = listen(args.host, args.port)  # before announcing: a busy port is an error line
     for model in models.values():
         names = [a for a, m in aliases.items() if m == model.name]

@@ -139,7 +139,7 @@ class Colbert:
             raise ValueError(f"{long} of {total} texts exceed the ColBERT length of {length} tokens; shorten "
                              "them or allow truncation (--truncate)")
         first = self.engine.stats.truncated == 0
-        self.engine.stats.truncated += long
+        self.engine.stats.add(truncated=long)
         log.log(logging.WARNING if first else logging.DEBUG,
                 "%d of %d texts were longer than %d tokens and were truncated (ColBERT lengths)", long, total, length)
 

@@ -25,6 +25,7 @@ import functools
 import itertools
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -90,11 +91,19 @@ class Batch:
 
 @dataclass
 class Stats:
-    """What the engine has done since it was made (read by the CLI summaries and `/metrics`)."""
+    """What the engine has done since it was made (read by the CLI summaries and `/metrics`).
+    Counted through `add`, so runs on several threads at once (a server's model threads) lose
+    no count."""
     sequences: int = 0
     tokens: int = 0
     batches: int = 0
     truncated: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +295,7 @@ class Engine:
             # Said once per engine: a reranker or a server truncates on every call, and a warning
             # per call buries the rest of the log. The count goes on in stats.truncated.
             first = self.stats.truncated == 0
-            self.stats.truncated += len(long)
+            self.stats.add(truncated=len(long))
             log.log(logging.WARNING if first else logging.DEBUG,
                     "%d of %d inputs were longer than %d tokens and were truncated%s", len(long),
                     len(encodings), self.max_length,
@@ -328,9 +337,7 @@ class Engine:
                                   else [adapters[i] for i in index])
                 with torch.inference_mode(), self.routing.route(packed.lengths, batch.adapters, self.device):
                     result = head(self.model, batch)
-            self.stats.batches += 1
-            self.stats.sequences += len(index)
-            self.stats.tokens += int(flat_ids.numel())
+            self.stats.add(batches=1, sequences=len(index), tokens=int(flat_ids.numel()))
             yield index, result
 
     def run_encodings(self, encodings: Sequence[Any], head: Callable[[nn.Module, Batch], Any]

@@ -29,7 +29,7 @@ from bertkit.serve import adapters, openai, routes, schemas, search
 from bertkit.serve.errors import ErrorType, ServeError
 from bertkit.serve.responses import JSONResponse
 from bertkit.serve.scheduler import Scheduler
-from bertkit.serve.service import Service
+from bertkit.serve.service import ARRIVED, TIMING, Service
 from bertkit.util import web
 from bertkit.util.webapi import Operation, docs_routes, document
 
@@ -165,7 +165,7 @@ def error_response(err: ServeError, openai: bool = False) -> JSONResponse:
 
 
 def timing_headers(service: Service, request: Request, response: Response) -> None:
-    timing = getattr(request.state, "timing", None)
+    timing = request.scope.get(TIMING)
     if timing is None:
         return
     total = round((time.perf_counter() - timing.start) * 1000)
@@ -181,7 +181,7 @@ def _route(service: Service, name: str, handler, open_route: bool = False):
     openai = name.startswith("/v1/")
 
     async def endpoint(request: Request) -> Response:
-        start = request.state.arrived = time.perf_counter()
+        start = request.scope[ARRIVED] = time.perf_counter()
         outcome = "success"
         try:
             if service.api_key and not open_route:
@@ -214,7 +214,7 @@ def build_app(service: Service) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        service.scheduler = Scheduler(service.limits.max_batch_tokens, service.metrics)
+        service.scheduler = Scheduler(service.limits.max_batch_tokens, service.metrics, service.model_threads)
         try:
             yield
         finally:  # uvicorn has stopped taking connections and waited for the open ones

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import base64
 
-import torch
 from starlette.requests import Request
 from starlette.responses import Response
 
 from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError
-from bertkit.serve.responses import JSONResponse, array
+from bertkit.serve.responses import JSONResponse, stacked
 from bertkit.serve.routes import body, shaped, vectors_of
 from bertkit.serve.service import STARTED, Service, timing_of, with_prompt
 
@@ -34,12 +33,12 @@ async def route_embeddings(service: Service, request: Request) -> Response:
     service.limits.check_batch("input", len(texts), openai=True)
     service.check_dimensions(model, req.dimensions)
     texts = with_prompt(service.prompt(model, None), texts)
-    vectors = torch.stack(await vectors_of(service, request, model, texts, service.limits.auto_truncate, "input"))
+    vectors = stacked(await vectors_of(service, request, model, texts, service.limits.auto_truncate, "input"))
     vectors = shaped(service, model, vectors, req.dimensions, normalize=True)  # OpenAI's are unit length
     if req.encoding_format == "base64":  # little-endian float32 bytes, as OpenAI's clients decode them
-        rows = [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii") for v in vectors]
+        rows = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
     else:
-        rows = [array(v) for v in vectors]
+        rows = list(vectors)
     tokens = timing_of(request).tokens
     return JSONResponse({"object": "list", "model": req.model or model.name,
                          "data": [{"object": "embedding", "embedding": row, "index": i}

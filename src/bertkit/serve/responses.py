@@ -8,7 +8,7 @@ directly, while `tolist()` makes a Python float per value (an /embed_all answer 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -34,3 +34,17 @@ class JSONResponse(_StarletteJSONResponse):
 def array(t: torch.Tensor) -> np.ndarray:
     """A CPU float tensor as a C-contiguous float32 array (what orjson writes)."""
     return np.ascontiguousarray(t.detach().float().numpy())
+
+
+def stacked(rows: Sequence[torch.Tensor]) -> np.ndarray:
+    """Per-input vectors of one length as one (N, H) float32 array. float32 rows are viewed and
+    stacked by numpy: no torch op, so the event loop keeps the GIL, where each torch call gives
+    it up and waits to take it back from the model thread."""
+    if all(row.dtype == torch.float32 for row in rows):
+        return np.stack([row.numpy() for row in rows])
+    return array(torch.stack(list(rows)))
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """Each row over its length, as F.normalize: x / max(‖x‖, 1e-12)."""
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), np.float32(1e-12))

@@ -14,6 +14,7 @@ import asyncio
 import json
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from starlette.requests import Request
@@ -27,8 +28,9 @@ from bertkit.serve import schemas
 from bertkit.serve.errors import ErrorType, ServeError, validation
 from bertkit.serve.metrics import CONTENT_TYPE_LATEST
 from bertkit.serve.models import ServedModel
-from bertkit.serve.responses import JSONResponse, array
+from bertkit.serve.responses import JSONResponse, array, stacked, unit_rows
 from bertkit.serve.service import (
+    RAW,
     Service,
     read_body,
     run_admitted,
@@ -41,7 +43,7 @@ from bertkit.serve.service import (
 
 
 async def body(service: Service, request: Request, model: type[schemas.Request], route: str) -> Any:
-    raw = getattr(request.state, "raw", None)  # read already by route_compat
+    raw = request.scope.get(RAW)  # read already by route_compat
     if raw is None:
         raw = await read_body(request, service.limits.payload_limit)
     return schemas.read(model, raw, route)
@@ -51,7 +53,7 @@ async def route_compat(service: Service, request: Request) -> Response:
     """TEI's POST /, what huggingface_hub's InferenceClient posts to: /rerank for a body with a
     `query`, /similarity for `inputs` with a `source_sentence`, /predict when the model (named,
     or the default) is a classifier, else /embed."""
-    raw = request.state.raw = await read_body(request, service.limits.payload_limit)
+    raw = request.scope[RAW] = await read_body(request, service.limits.payload_limit)
     try:
         value = json.loads(raw)
     except ValueError:
@@ -82,14 +84,14 @@ async def vectors_of(service: Service, request: Request, model: ServedModel, tex
     return await run_sliced(service, request, len(texts), work)
 
 
-def shaped(service: Service, model: ServedModel, vectors: torch.Tensor, dimensions: int | None,
-           normalize: bool) -> torch.Tensor:
+def shaped(service: Service, model: ServedModel, vectors: np.ndarray, dimensions: int | None,
+           normalize: bool) -> np.ndarray:
     """(N, H) → (N, dimensions or H), unit length if asked (after the cut: a Matryoshka prefix
     is re-normalised, as sentence-transformers' truncate_dim does)."""
     service.check_dimensions(model, dimensions)
     if dimensions is not None:
         vectors = vectors[:, :dimensions]
-    return F.normalize(vectors, dim=-1) if normalize else vectors
+    return unit_rows(vectors) if normalize else vectors
 
 
 async def route_embed(service: Service, request: Request) -> Response:
@@ -100,8 +102,8 @@ async def route_embed(service: Service, request: Request) -> Response:
     service.check_dimensions(model, req.dimensions)
     texts = with_prompt(service.prompt(model, req.prompt_name), texts)
     truncate = truncate_of(service, req.truncate)
-    vectors = torch.stack(await vectors_of(service, request, model, texts, truncate, "inputs"))
-    return JSONResponse(array(shaped(service, model, vectors, req.dimensions, req.normalize)))
+    vectors = stacked(await vectors_of(service, request, model, texts, truncate, "inputs"))
+    return JSONResponse(shaped(service, model, vectors, req.dimensions, req.normalize))
 
 
 async def route_embed_all(service: Service, request: Request) -> Response:

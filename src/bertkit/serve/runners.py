@@ -31,6 +31,11 @@ def m3_output(name: str) -> Runner:
     return lambda model, key, items: [row[name] for row in run_m3(model.engine, (name,), items)]
 
 
+# The uses whose runners take texts and tokenize them on the model thread with the engine's own
+# tokenizer (the library's functions: windows, words and spans live there); the others take the
+# token ids made on the event loop or the tokenizing thread.
+LIBRARY_USES = frozenset({"fill-mask", "ner", "qa"})
+
 # A job names its runner: a use, or one that several routes share — a classifier's logits
 # (/predict and /rerank, `classify`'s runner) and every token's vector (/embed_all) — or one
 # output of a use (BGE-M3's).

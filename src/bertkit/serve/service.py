@@ -21,8 +21,14 @@ from bertkit.serve.metrics import Metrics
 from bertkit.serve.models import ServedModel
 from bertkit.serve.scheduler import Scheduler, Timing
 
-__all__ = ["Service", "Timing", "STARTED", "read_body", "tokenized", "encode", "run_admitted", "run_sliced",
-           "timing_of", "truncate_of", "with_prompt"]
+__all__ = ["Service", "Timing", "STARTED", "ARRIVED", "TIMING", "RAW", "read_body", "tokenized", "encode",
+           "run_admitted", "run_sliced", "timing_of", "truncate_of", "with_prompt"]
+
+# What a request's steps share, kept in its ASGI scope under these keys: when it arrived (set by
+# the app), its Timing, and its body once read (route_compat reads it before the route it picks).
+# A dict lookup each, where Starlette's request.state raises and catches an AttributeError for
+# every name not set yet, on the event loop every request passes through.
+ARRIVED, TIMING, RAW = "bertkit.arrived", "bertkit.timing", "bertkit.raw"
 
 # What created (a Unix time) the /v1/models cards report: when the process started serving.
 STARTED = int(time.time())
@@ -48,6 +54,9 @@ class Service:
     adapters: Any = None  # serve.adapters.ServedAdapters: the bases' adapter hosts, --adapter-root
     # --index NAME=DIR: {name: serve.search.ServedIndex}, searched by POST /search (first = default)
     indexes: dict[str, Any] = field(default_factory=dict)
+    # threads running the models, each with its share of torch's threads (`serve.scheduler`);
+    # `bertkit serve` takes `default_model_threads` unless told (--model-threads)
+    model_threads: int = 1
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -138,11 +147,12 @@ def truncate_of(service: Service, asked: bool | None) -> bool:
 
 def timing_of(request: Request) -> Timing:
     """The request's Timing, made by the first step that computes (so only those answers carry
-    timing headers), counted from the request's arrival (`request.state.arrived`, set by the app)."""
-    timing = getattr(request.state, "timing", None)
+    timing headers), counted from the request's arrival (set by the app)."""
+    scope = request.scope
+    timing = scope.get(TIMING)
     if timing is None:
-        arrived = getattr(request.state, "arrived", None)
-        timing = request.state.timing = Timing() if arrived is None else Timing(start=arrived)
+        arrived = scope.get(ARRIVED)
+        timing = scope[TIMING] = Timing() if arrived is None else Timing(start=arrived)
     return timing
 
 
@@ -221,19 +231,23 @@ async def until_disconnected(request: Request) -> None:
 
 
 async def answer(request: Request, work: Awaitable[Any]) -> Any:
-    """`work`'s result, or CancelledError when the client goes away first (its job is dropped)."""
-    task = asyncio.ensure_future(work)
+    """`work`'s result, or CancelledError when the client goes away first (its job is dropped).
+
+    `work` runs in the request's own task; one more task watches the connection and cancels that
+    one when the client leaves (one task and no `asyncio.wait` per request, on the event loop)."""
+    task = asyncio.current_task()
     watch = asyncio.ensure_future(until_disconnected(request))
+
+    def gone(watched: asyncio.Future) -> None:
+        if not watched.cancelled():
+            task.cancel("client disconnected")
+
+    watch.add_done_callback(gone)
     try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise asyncio.CancelledError("client disconnected")
+        return await work
     finally:
+        watch.remove_done_callback(gone)
         watch.cancel()
-        if not task.done():
-            task.cancel()
 
 
 async def run_admitted(service: Service, request: Request, n: int, work: Callable[[], Awaitable[Any]]) -> Any:
