@@ -413,7 +413,7 @@ class _NativeSteps:
         q = self.int8[self.turn][:self.block * linear.in_features].view(self.block, linear.in_features)
         static = linear.input_range()
         if static is None:  # per row: the epilogue writes the scales
-            scale, zero = self.scales[self.turn][:, :self.block]
+            scale, zero = self.scales[self.turn][:, :self.block].unbind()
             return (q, scale, zero), {"q": q, "q_scale": scale, "q_zero": zero}
         multiplier, scale, zero, zero_value = static
         return (q, scale, zero), {"q": q, "q_multiplier": multiplier, "q_static_zero": zero_value}

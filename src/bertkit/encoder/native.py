@@ -141,7 +141,8 @@ def _pointer(t: torch.Tensor | None, dtype: torch.dtype, name: str) -> int | Non
     another dtype, off the CPU, or whose rows are not contiguous."""
     if t is None:
         return None
-    if t.dtype != dtype or t.device.type != "cpu" or (t.numel() > 1 and t.stride(-1) != 1):
+    # is_cpu and an identity test, not t.device.type: half the cost, paid ~70 times a layer
+    if t.dtype is not dtype or not t.is_cpu or (t.dim() > 0 and t.stride(-1) != 1 and t.numel() > 1):
         raise ValueError(f"{name}: a CPU tensor of {dtype} with contiguous rows, got {t.dtype} on {t.device} "
                          f"with strides {t.stride()}")
     return t.data_ptr()
