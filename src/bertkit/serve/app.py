@@ -47,6 +47,7 @@ HEADERS = {
     "x-inference-time": "milliseconds of the model runs its inputs were part of",
 }
 TIMED = tuple(HEADERS)
+RAW_TIMED = tuple(name.encode("latin-1") for name in TIMED)
 
 BODY_ERRORS = (401, 404, 413, 422, 424, 429, 500, 503)  # a model route: every way it can fail
 GET_ERRORS = (401,)
@@ -170,15 +171,17 @@ def timing_headers(service: Service, request: Request, response: Response) -> No
         return
     total = round((time.perf_counter() - timing.start) * 1000)
     device = next(iter(service.models.values())).engine.device.type
-    response.headers.update({
-        "x-compute-type": device, "x-compute-time": str(total), "x-compute-characters": str(timing.characters),
-        "x-compute-tokens": str(timing.tokens), "x-total-time": str(total),
-        "x-tokenization-time": str(round(timing.tokenization * 1000)),
-        "x-queue-time": str(round(timing.queue * 1000)), "x-inference-time": str(round(timing.inference * 1000))})
+    values = (device, total, timing.characters, timing.tokens, total, round(timing.tokenization * 1000),
+              round(timing.queue * 1000), round(timing.inference * 1000))
+    # appended as raw pairs: none of them is set yet, and MutableHeaders scans the list per name
+    response.raw_headers.extend((name, str(value).encode("latin-1")) for name, value in zip(RAW_TIMED, values))
 
 
 def _route(service: Service, name: str, handler, open_route: bool = False):
     openai = name.startswith("/v1/")
+    # the route's metric series, looked up once (prometheus_client's labels() hashes and locks)
+    seconds = service.metrics.request_seconds.labels(name)
+    answered: dict[str, Any] = {}
 
     async def endpoint(request: Request) -> Response:
         start = request.scope[ARRIVED] = time.perf_counter()
@@ -203,8 +206,11 @@ def _route(service: Service, name: str, handler, open_route: bool = False):
             log.exception("%s failed", name)
             return error_response(ServeError(ErrorType.BACKEND, f"{name} failed: {type(err).__name__}: {err}"), openai)
         finally:
-            service.metrics.requests.labels(name, outcome).inc()
-            service.metrics.request_seconds.labels(name).observe(time.perf_counter() - start)
+            counter = answered.get(outcome)
+            if counter is None:
+                counter = answered[outcome] = service.metrics.requests.labels(name, outcome)
+            counter.inc()
+            seconds.observe(time.perf_counter() - start)
 
     return endpoint
 

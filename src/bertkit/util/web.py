@@ -78,6 +78,8 @@ def run(app: Any, *, sockets: list[socket.socket] | None = None, host: str = "12
                 for s, handler in previous.items():
                     signal.signal(s, handler)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+    # access_log=False: at log level "warning" no access line is ever shown, but uvicorn would
+    # still format its arguments (client address, path) for every answer
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=graceful_timeout, lifespan=lifespan)
     Server(config).run(sockets=sockets)
