@@ -12,8 +12,8 @@ with every torch thread splits each run's kernels between the cores, and a kerne
 when its slowest share does: whenever the event loop (parsing, tokenizing, answering) takes a
 core, or holds the GIL the model thread needs between two kernels, the other core waits with it.
 Two model threads of one torch thread each wait for nobody: while one is held up the other
-computes. Measured (int8 MiniLM, one BBC sentence per request, 2 cores; docs/serving.md): 64
-clients 473–481 → 518–534 requests/s, 1 client 122 → 161. Each sequence's result is the same
+computes (`bench/model_threads.py`; docs/design.md#serving-measurements has the figures). Each
+sequence's result is the same
 whichever thread runs it and with how many torch threads (the engine's kernels are batch- and
 thread-independent), so answers do not depend on this.
 
