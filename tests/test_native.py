@@ -252,3 +252,54 @@ def test_native_int8_layers_agree_with_pytorchs_kernels(static, monkeypatch):
         assert torch.nn.functional.cosine_similarity(a, b).min() >= 0.999
     alone = encode(model, "native", [2])[0]
     assert torch.equal(alone, native_out[2])
+
+
+@needs_compiler
+@pytest.mark.parametrize("static", [False, True])
+def test_the_one_call_feed_forward_gives_the_step_by_steps_bits(static, monkeypatch):
+    """Where PyTorch's C shim is there, a layer's feed-forward is one C++ call (its GEMMs through
+    the shim's _int_mm); it equals the same kernels called step by step from Python, bit for bit,
+    for a dynamic and a static int8 encoder, in blocks of rows as in one."""
+    from bertkit.backend import int8, int8_static
+    from bertkit.encoder.config import BertConfig
+    from bertkit.encoder.model import BertModel
+
+    kernels = native.int8()
+    if kernels is None or not kernels.fused:
+        pytest.skip("PyTorch's C shim (aoti_torch_cpu__int_mm_out) is not in this torch")
+    torch.manual_seed(9)
+    config = BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=256, max_position_embeddings=64)
+    ids = [torch.randint(5, 300, (n,)) for n in (20, 7, 33, 12)]
+    model = BertModel(config).eval()
+    for norm in (m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)):  # no two alike
+        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+        torch.nn.init.uniform_(norm.bias, -0.2, 0.2)
+    if static:
+        scales = int8_static.StaticScales()
+        with int8_static.observing(model, scales), torch.inference_mode():
+            for t in ids:
+                model.forward_packed(t, torch.zeros_like(t), Packed.from_lengths([len(t)]))
+        int8_static.quantize_static(model, scales)
+    else:
+        int8.quantize_linears(model)
+    flat = torch.cat(ids)
+    packed = Packed.from_lengths([len(t) for t in ids])
+
+    calls = []
+    one_call = kernels._feed_forward
+    monkeypatch.setattr(kernels, "_feed_forward", lambda *args: calls.append(1) or one_call(*args))
+
+    def hidden(fused: bool, chunk: int) -> torch.Tensor:
+        monkeypatch.setattr(kernels, "fused", fused)
+        monkeypatch.setattr(int8, "CHUNK_ELEMENTS", chunk)
+        with torch.inference_mode():
+            return model.forward_packed(flat, torch.zeros_like(flat), packed).hidden
+
+    one_block = hidden(False, int8.CHUNK_ELEMENTS)
+    assert torch.equal(hidden(True, int8.CHUNK_ELEMENTS), one_block)
+    # blocks of 256 rows over 72 rows is one block; force several with more rows
+    many = [torch.randint(5, 300, (60,)) for _ in range(6)]
+    flat, packed = torch.cat(many), Packed.from_lengths([60] * 6)
+    assert torch.equal(hidden(True, 1), hidden(False, 1))
+    assert len(calls) == 2 * 1 + 2 * 2  # a call per layer and block, for the fused runs only

@@ -361,6 +361,19 @@ class Int8EncoderLayer(EncoderLayer):
             run(y[block].float(), x[block], out[block], *params)
         return out
 
+    def _feed_forward_args(self, kernels, act: str):
+        """`native.Int8.feed_forward_args` of this layer, made on first use and kept; made anew
+        where the weights are not the ones it points into (a deep copy of the layer)."""
+        linears = (self.attn_out, self.ffn_in, self.ffn_out)
+        key = (act, *(linear.qweight_t.data_ptr() for linear in linears))
+        kept = self.__dict__.get("_native_args")
+        if kept is None or kept[0] != key:
+            args = kernels.feed_forward_args(tuple(linear.terms() for linear in linears),
+                                             tuple(linear.input_range() for linear in linears),
+                                             (_norm_params(self.attn_norm), _norm_params(self.ffn_norm)), act)
+            kept = self.__dict__["_native_args"] = (key, args)
+        return kept[1]
+
     def _native_feed_forward(self, kernels, act: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """feed_forward through the native kernels: per block of rows, three int8 GEMMs
         (torch._int_mm), each followed by one pass of `native.Int8.epilogue` that also quantizes
@@ -368,6 +381,17 @@ class Int8EncoderLayer(EncoderLayer):
         activations are never stored as floats."""
         hidden, inner = self.attn_out.in_features, self.ffn_in.out_features
         rows = max(256, CHUNK_ELEMENTS // inner)
+        if kernels.fused:  # the same steps in one C++ call per block
+            args = self._feed_forward_args(kernels, act)
+            buffers = kernels.feed_forward_buffers(min(rows, x.shape[0]), hidden, inner)
+            out = torch.empty_like(x)  # (N, H)
+            if x.shape[0] <= rows:  # one block: no slicing (each torch call gives the GIL up)
+                kernels.feed_forward(args, y if y.dtype is torch.float32 else y.float(), x, out, buffers)
+                return out
+            for start in range(0, x.shape[0], rows):
+                block = slice(start, start + rows)
+                kernels.feed_forward(args, y[block].float(), x[block], out[block], buffers)
+            return out
         steps = _NativeSteps(kernels, min(rows, x.shape[0]), hidden, inner)
         out = torch.empty_like(x)  # (N, H)
         for start in range(0, x.shape[0], rows):

@@ -12,6 +12,10 @@ loads it in milliseconds, and a copied cache on another CPU compiles anew rather
 code built for other flags. OpenMP binds to the libgomp that PyTorch loaded (its soname is
 already in the process), so the kernels share torch's threads rather than starting a second pool.
 
+int8's feed-forward calls `torch._int_mm` from the C++ through PyTorch's C shim (`aoti_torch_*`,
+the C interface of libtorch_cpu that AOTInductor's compiled libraries call), found once here;
+where a torch lacks it, the feed-forward runs as the same kernels called step by step.
+
 Where there is no compiler, the compilation fails, or `BERTKIT_NATIVE=0`, `attention()` and
 `int8()` return None and the callers keep PyTorch's kernels; the reason is logged once and kept
 in `status()`."""
@@ -19,6 +23,7 @@ in `status()`."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -148,11 +153,53 @@ def _pointer(t: torch.Tensor | None, dtype: torch.dtype, name: str) -> int | Non
     return t.data_ptr()
 
 
+class _Int8LinearArgs(ctypes.Structure):
+    _fields_ = [("weight_t", ctypes.c_void_p), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
+                ("s0", ctypes.c_int64), ("s1", ctypes.c_int64), ("weight_scale", ctypes.c_void_p),
+                ("column_sums", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("multiplier", ctypes.c_void_p),
+                ("scale", ctypes.c_void_p), ("zero", ctypes.c_void_p), ("static_zero", ctypes.c_float)]
+
+
+class _Int8FeedForwardArgs(ctypes.Structure):
+    _fields_ = [("attn_out", _Int8LinearArgs), ("ffn_in", _Int8LinearArgs), ("ffn_out", _Int8LinearArgs),
+                ("gamma1", ctypes.c_void_p), ("beta1", ctypes.c_void_p), ("eps1", ctypes.c_float),
+                ("gamma2", ctypes.c_void_p), ("beta2", ctypes.c_void_p), ("eps2", ctypes.c_float),
+                ("act", ctypes.c_int)]
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedForwardArgs:
+    """What `Int8.feed_forward` reads of a layer, made once (`Int8.feed_forward_args`): the C
+    struct of its pointers and the tensors they point into, kept alive with it."""
+    struct: _Int8FeedForwardArgs
+    tensors: tuple
+    hidden: int
+    inner: int
+
+
+def _shim() -> tuple | None:
+    """(from_blob, delete, _int_mm_out, int8, int32, cpu) of PyTorch's C shim in libtorch_cpu, or
+    None where this torch lacks them."""
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        names = ("aoti_torch_create_tensor_from_blob", "aoti_torch_delete_tensor_object", "aoti_torch_cpu__int_mm_out")
+        functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in names]
+        codes = []
+        for name in ("aoti_torch_dtype_int8", "aoti_torch_dtype_int32", "aoti_torch_device_type_cpu"):
+            getattr(lib, name).restype = ctypes.c_int32
+            codes.append(getattr(lib, name)())
+    except (OSError, AttributeError) as err:
+        log.info("PyTorch's C shim is not there (%s): the int8 feed-forward runs step by step", err)
+        return None
+    return (*functions, *codes)
+
+
 class Int8:
     """kernels/int8.cpp over tensors: `quantize` a Linear's input to int8, and `epilogue`, the
     int32 accumulators of torch._int_mm back to floats with what follows the Linear, and the next
     Linear's input quantized (the arguments are those of the C functions, whose comments give the
-    formulas)."""
+    formulas). `feed_forward`, where `fused`: a layer's whole feed-forward in one call, its GEMMs
+    torch._int_mm through PyTorch's C shim, so Python and the GIL are left out between the steps."""
 
     activations = {"none": 0, "gelu": 1, "relu": 2}
 
@@ -164,6 +211,15 @@ class Int8:
         self._epilogue.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, f32, i32,
                                    ptr, i64, ptr, ptr, ptr, ptr, f32, i32]
         self._quantize.restype = self._epilogue.restype = ctypes.c_int
+        self._feed_forward = lib.bertkit_int8_feed_forward
+        self._feed_forward.argtypes = [ctypes.POINTER(_Int8FeedForwardArgs), ptr, i64, ptr, i64, ptr, i64, i64, ptr,
+                                       ptr, ptr, ptr, ptr, i32]
+        self._feed_forward.restype = ctypes.c_int
+        shim = _shim()
+        self.fused = shim is not None
+        if self.fused:
+            lib.bertkit_int8_set_gemm.argtypes = [ptr, ptr, ptr, i32, i32, i32]
+            lib.bertkit_int8_set_gemm(*shim)
 
     def quantize(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None = None,
                  zero: torch.Tensor | None = None, multiplier: torch.Tensor | None = None,
@@ -201,6 +257,56 @@ class Int8:
             torch.get_num_threads())
         if code:
             raise ValueError(f"native int8 epilogue refused its arguments (code {code})")
+
+    @staticmethod
+    def feed_forward_args(linears: tuple, ranges: tuple, norms: tuple, act: str) -> FeedForwardArgs:
+        """The struct `feed_forward` reads: linears, the terms() of attn_out, ffn_in and ffn_out;
+        ranges, each one's input_range() (None: per row); norms, (weight, bias, eps) of the
+        LayerNorm after attention and of the one after the FFN; act: a key of `activations`."""
+        f32 = torch.float32
+        kept: list[torch.Tensor] = []
+
+        def linear(terms: tuple, static: tuple | None) -> _Int8LinearArgs:
+            weight_t, weight_scale, column_sums, bias = terms
+            if weight_t.dtype is not torch.int8 or not weight_t.is_cpu:
+                raise ValueError(f"qweight_t: a CPU int8 tensor, got {weight_t.dtype} on {weight_t.device}")
+            multiplier, scale, zero, zero_value = static if static is not None else (None, None, None, 0.0)
+            kept.extend(t for t in (weight_t, weight_scale, column_sums, bias, multiplier, scale, zero)
+                        if t is not None)
+            return _Int8LinearArgs(weight_t.data_ptr(), weight_t.shape[0], weight_t.shape[1], weight_t.stride(0),
+                                   weight_t.stride(1), _pointer(weight_scale, f32, "weight_scale"),
+                                   _pointer(column_sums, f32, "column_sums"), _pointer(bias, f32, "bias"),
+                                   _pointer(multiplier, f32, "multiplier"), _pointer(scale, f32, "scale"),
+                                   _pointer(zero, f32, "zero"), float(zero_value))
+
+        (g1, b1, eps1), (g2, b2, eps2) = norms
+        kept.extend((g1, b1, g2, b2))
+        struct = _Int8FeedForwardArgs(*(linear(t, r) for t, r in zip(linears, ranges)), _pointer(g1, f32, "gamma"),
+                                      _pointer(b1, f32, "beta"), eps1, _pointer(g2, f32, "gamma"),
+                                      _pointer(b2, f32, "beta"), eps2, Int8.activations[act])
+        hidden, inner = linears[0][0].shape[1], linears[1][0].shape[1]
+        return FeedForwardArgs(struct, tuple(kept), hidden, inner)
+
+    def feed_forward(self, args: FeedForwardArgs, y: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
+                     buffers: tuple[torch.Tensor, ...]) -> None:
+        """out (R, H) = the layer's feed-forward of y (R, H), the attention's output before
+        attn_out, over the residual x (R, H); buffers: q0, q1 (R·max(H, I),) int8, scales (4R,),
+        acc (R·max(H, I),) int32, a (R·H,) float (`feed_forward_buffers`)."""
+        q0, q1, scales, acc, a = buffers
+        f32 = torch.float32
+        code = self._feed_forward(
+            ctypes.byref(args.struct), _pointer(y, f32, "y"), y.stride(0), _pointer(x, f32, "x"), x.stride(0),
+            _pointer(out, f32, "out"), out.stride(0), y.shape[0], _pointer(q0, torch.int8, "q0"),
+            _pointer(q1, torch.int8, "q1"), _pointer(scales, f32, "scales"), _pointer(acc, torch.int32, "acc"),
+            _pointer(a, f32, "a"), torch.get_num_threads())
+        if code:
+            raise ValueError(f"native int8 feed-forward failed (code {code})")
+
+    @staticmethod
+    def feed_forward_buffers(rows: int, hidden: int, inner: int) -> tuple[torch.Tensor, ...]:
+        widest = max(hidden, inner)
+        return (torch.empty(rows * widest, dtype=torch.int8), torch.empty(rows * widest, dtype=torch.int8),
+                torch.empty(4 * rows), torch.empty(rows * widest, dtype=torch.int32), torch.empty(rows * hidden))
 
 
 @functools.cache

@@ -188,4 +188,101 @@ int bertkit_int8_epilogue(const int32_t* acc, int64_t rows, int64_t cols, const 
     return 0;
 }
 
+
+// torch._int_mm from C++, through PyTorch's C shim (aoti_torch_*: the stable C ABI that
+// AOTInductor's compiled libraries call), so a whole feed-forward runs in one call from Python,
+// without taking the GIL between its steps. The shim's functions come from libtorch_cpu, found
+// by the caller, given once to bertkit_int8_set_gemm.
+typedef int32_t (*FromBlob)(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                            int64_t storage_offset, int32_t dtype, int32_t device_type, int32_t device_index,
+                            void** out);
+typedef int32_t (*DeleteTensor)(void* tensor);
+typedef int32_t (*IntMmOut)(void* out, void* self, void* mat2);
+static FromBlob from_blob;
+static DeleteTensor delete_tensor;
+static IntMmOut int_mm_out;
+static int32_t dtype_int8, dtype_int32, device_cpu;
+
+int bertkit_int8_set_gemm(void* blob, void* del, void* mm, int32_t i8, int32_t i32, int32_t cpu) {
+    from_blob = (FromBlob)blob, delete_tensor = (DeleteTensor)del, int_mm_out = (IntMmOut)mm;
+    dtype_int8 = i8, dtype_int32 = i32, device_cpu = cpu;
+    return 0;
+}
+
+// acc (m, n) = a (m, k) @ b (k, n): torch._int_mm(a, b, out=acc); b's rows b0 apart, columns b1.
+static int int_mm(const int8_t* a, int64_t m, int64_t k, const int8_t* b, int64_t n, int64_t b0, int64_t b1,
+                  int32_t* acc) {
+    const int64_t a_sizes[2] = {m, k}, a_strides[2] = {k, 1}, b_sizes[2] = {k, n}, b_strides[2] = {b0, b1};
+    const int64_t c_sizes[2] = {m, n}, c_strides[2] = {n, 1};
+    void *ta = nullptr, *tb = nullptr, *tc = nullptr;
+    int32_t error = from_blob((void*)a, 2, a_sizes, a_strides, 0, dtype_int8, device_cpu, 0, &ta);
+    if (!error) error = from_blob((void*)b, 2, b_sizes, b_strides, 0, dtype_int8, device_cpu, 0, &tb);
+    if (!error) error = from_blob(acc, 2, c_sizes, c_strides, 0, dtype_int32, device_cpu, 0, &tc);
+    if (!error) error = int_mm_out(tc, ta, tb);
+    for (void* t : {ta, tb, tc})
+        if (t) delete_tensor(t);
+    return error ? 2 : 0;
+}
+
+// One Linear of int8.py's Int8Linear: weight_t (in, out) int8, rows s0 apart, columns s1; its
+// terms; multiplier non-null for a static input range (scale, zero (1,) and static_zero).
+struct Int8LinearArgs {
+    const int8_t* weight_t;
+    int64_t in, out, s0, s1;
+    const float* weight_scale;
+    const float* column_sums;
+    const float* bias;
+    const float* multiplier;
+    const float* scale;
+    const float* zero;
+    float static_zero;
+};
+
+struct Int8FeedForwardArgs {
+    Int8LinearArgs attn_out, ffn_in, ffn_out;
+    const float* gamma1;  // attn_norm
+    const float* beta1;
+    float eps1;
+    const float* gamma2;  // ffn_norm
+    const float* beta2;
+    float eps2;
+    int act;
+};
+
+// Int8EncoderLayer._native_feed_forward for one block of rows, in one call and the same steps:
+// quantize y for attn_out, GEMM, epilogue (+ x, LayerNorm → a, quantized for ffn_in), GEMM,
+// epilogue (activation, quantized for ffn_out), GEMM, epilogue (+ a, LayerNorm → out). Buffers:
+// q0, q1 rows × max(H, I) int8, scales 4 × rows, acc rows × max(H, I) int32, a rows × H floats.
+int bertkit_int8_feed_forward(const Int8FeedForwardArgs* f, const float* y, int64_t ys, const float* x, int64_t xs,
+                              float* out, int64_t os, int64_t rows, int8_t* q0, int8_t* q1, float* scales,
+                              int32_t* acc, float* a, int threads) {
+    if (!int_mm_out) return 3;
+    const Int8LinearArgs &l1 = f->attn_out, &l2 = f->ffn_in, &l3 = f->ffn_out;
+    float *s_a = scales, *z_a = scales + rows, *s_b = scales + 2 * rows, *z_b = scales + 3 * rows;
+    // the row scale and zero point each GEMM's epilogue reads, and whether they are per row
+    auto input = [&](const Int8LinearArgs& l, float* s, float* z, const float** rs, const float** rz) {
+        *rs = l.multiplier ? l.scale : s;
+        *rz = l.multiplier ? l.zero : z;
+        return (int64_t)(l.multiplier ? 0 : 1);
+    };
+    const float *rs, *rz;
+    int64_t step = input(l1, s_a, z_a, &rs, &rz);
+    int error = bertkit_int8_quantize(y, rows, l1.in, ys, q0, s_a, z_a, l1.multiplier, l1.static_zero, threads);
+    if (!error) error = int_mm(q0, rows, l1.in, l1.weight_t, l1.out, l1.s0, l1.s1, acc);
+    if (!error) error = bertkit_int8_epilogue(acc, rows, l1.out, rs, rz, step, l1.weight_scale, l1.column_sums,
+                                              l1.bias, x, xs, f->gamma1, f->beta1, f->eps1, kNone, a, l1.out, q1,
+                                              s_b, z_b, l2.multiplier, l2.static_zero, threads);
+    step = input(l2, s_b, z_b, &rs, &rz);
+    if (!error) error = int_mm(q1, rows, l2.in, l2.weight_t, l2.out, l2.s0, l2.s1, acc);
+    if (!error) error = bertkit_int8_epilogue(acc, rows, l2.out, rs, rz, step, l2.weight_scale, l2.column_sums,
+                                              l2.bias, nullptr, 0, nullptr, nullptr, 0.f, f->act, nullptr, 0, q0,
+                                              s_a, z_a, l3.multiplier, l3.static_zero, threads);
+    step = input(l3, s_a, z_a, &rs, &rz);
+    if (!error) error = int_mm(q0, rows, l3.in, l3.weight_t, l3.out, l3.s0, l3.s1, acc);
+    if (!error) error = bertkit_int8_epilogue(acc, rows, l3.out, rs, rz, step, l3.weight_scale, l3.column_sums,
+                                              l3.bias, a, l3.out, f->gamma2, f->beta2, f->eps2, kNone, out, os,
+                                              nullptr, nullptr, nullptr, nullptr, 0.f, threads);
+    return error;
+}
+
 }  // extern "C"
