@@ -194,6 +194,11 @@ def test_dimensions_cut_and_renormalise_where_the_model_declares_it(client, dirs
     full = embed(dirs["st"], ["a cat"], normalize=False)
     got = torch.tensor(client.post("/embed", json={"inputs": "a cat", "model": "st", "dimensions": 12}).json())
     assert got.shape == (1, 12) and (got - F.normalize(full[:, :12], dim=-1)).abs().max() <= 1e-5
+    cut = client.post("/embed", json={"inputs": ["a cat", "a dog"], "model": "st", "dimensions": 12,
+                                      "normalize": False})
+    assert cut.status_code == 200
+    both = embed(dirs["st"], ["a cat", "a dog"], normalize=False)
+    assert (torch.tensor(cut.json()) - both[:, :12]).abs().max() <= 1e-5
     openai = client.post("/v1/embeddings", json={"input": "a cat", "model": "st", "dimensions": 8}).json()
     assert len(openai["data"][0]["embedding"]) == 8
     refused = client.post("/embed", json={"inputs": "a cat", "dimensions": 12})  # minilm declares none

@@ -40,8 +40,6 @@ def stacked(rows: Sequence[torch.Tensor]) -> np.ndarray:
     """Per-input vectors of one length as one (N, H) float32 array. float32 rows are viewed and
     stacked by numpy: no torch op, so the event loop keeps the GIL, where each torch call gives
     it up and waits to take it back from the model thread."""
-    if len(rows) == 1 and rows[0].dtype == torch.float32:  # most requests: one input
-        return rows[0].numpy()[None]
     if all(row.dtype == torch.float32 for row in rows):
         return np.stack([row.numpy() for row in rows])
     return array(torch.stack(list(rows)))

@@ -87,10 +87,11 @@ async def vectors_of(service: Service, request: Request, model: ServedModel, tex
 def shaped(service: Service, model: ServedModel, vectors: np.ndarray, dimensions: int | None,
            normalize: bool) -> np.ndarray:
     """(N, H) → (N, dimensions or H), unit length if asked (after the cut: a Matryoshka prefix
-    is re-normalised, as sentence-transformers' truncate_dim does)."""
+    is re-normalised, as sentence-transformers' truncate_dim does); C-contiguous, as orjson
+    writes arrays."""
     service.check_dimensions(model, dimensions)
     if dimensions is not None:
-        vectors = vectors[:, :dimensions]
+        vectors = np.ascontiguousarray(vectors[:, :dimensions])
     return unit_rows(vectors) if normalize else vectors
 
 
