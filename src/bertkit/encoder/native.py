@@ -173,8 +173,6 @@ class FeedForwardArgs:
     struct of its pointers and the tensors they point into, kept alive with it."""
     struct: _Int8FeedForwardArgs
     tensors: tuple
-    hidden: int
-    inner: int
 
 
 def _shim() -> tuple | None:
@@ -284,8 +282,7 @@ class Int8:
         struct = _Int8FeedForwardArgs(*(linear(t, r) for t, r in zip(linears, ranges)), _pointer(g1, f32, "gamma"),
                                       _pointer(b1, f32, "beta"), eps1, _pointer(g2, f32, "gamma"),
                                       _pointer(b2, f32, "beta"), eps2, Int8.activations[act])
-        hidden, inner = linears[0][0].shape[1], linears[1][0].shape[1]
-        return FeedForwardArgs(struct, tuple(kept), hidden, inner)
+        return FeedForwardArgs(struct, tuple(kept))
 
     def feed_forward(self, args: FeedForwardArgs, y: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
                      buffers: tuple[torch.Tensor, ...]) -> None:

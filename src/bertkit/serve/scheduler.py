@@ -13,15 +13,14 @@ when its slowest share does: whenever the event loop (parsing, tokenizing, answe
 core, or holds the GIL the model thread needs between two kernels, the other core waits with it.
 Two model threads of one torch thread each wait for nobody: while one is held up the other
 computes (`bench/model_threads.py`; docs/design.md#serving-measurements has the figures). Each
-sequence's result is the same
-whichever thread runs it and with how many torch threads (the engine's kernels are batch- and
-thread-independent), so answers do not depend on this.
+sequence's result is the same whichever thread runs it and with how many torch threads (the
+engine's kernels are batch- and thread-independent), so answers do not depend on this.
 
-So the event loop never runs the model, the model thread never parses HTTP or tokenizes, and
+So the event loop never runs the model, the model threads never parse HTTP or tokenize, and
 long requests are tokenized on a thread of their own (`tokenize`), so that overlaps the model's
 work without stalling the loop (short ones are tokenized on the loop: cheaper than the hop). A job whose client went
-away (its future cancelled) is dropped before it is run. `stop` lets the thread finish every
-queued job, then ends it.
+away (its future cancelled) is dropped before it is run. `stop` lets the threads finish every
+queued job, then ends them.
 """
 
 from __future__ import annotations
@@ -175,7 +174,7 @@ class Scheduler:
             return any(job.model is model for job in (*self._queue, *running))
 
     async def stop(self, timeout: float = 60.0) -> None:
-        """Finish every queued job, then end the model thread (called at shutdown)."""
+        """Finish every queued job, then end the model threads (called at shutdown)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()

@@ -259,29 +259,28 @@ int bertkit_int8_feed_forward(const Int8FeedForwardArgs* f, const float* y, int6
     if (!int_mm_out) return 3;
     const Int8LinearArgs &l1 = f->attn_out, &l2 = f->ffn_in, &l3 = f->ffn_out;
     float *s_a = scales, *z_a = scales + rows, *s_b = scales + 2 * rows, *z_b = scales + 3 * rows;
-    // the row scale and zero point each GEMM's epilogue reads, and whether they are per row
-    auto input = [&](const Int8LinearArgs& l, float* s, float* z, const float** rs, const float** rz) {
-        *rs = l.multiplier ? l.scale : s;
-        *rz = l.multiplier ? l.zero : z;
-        return (int64_t)(l.multiplier ? 0 : 1);
+    // the scale and zero point an epilogue reads for l's input: its static range, one for every row
+    // (step 0), or the ones its quantization wrote per row at s and z
+    struct Range { const float *scale, *zero; int64_t step; };
+    auto range = [](const Int8LinearArgs& l, const float* s, const float* z) {
+        return l.multiplier ? Range{l.scale, l.zero, 0} : Range{s, z, 1};
     };
-    const float *rs, *rz;
-    int64_t step = input(l1, s_a, z_a, &rs, &rz);
+    Range r = range(l1, s_a, z_a);
     int error = bertkit_int8_quantize(y, rows, l1.in, ys, q0, s_a, z_a, l1.multiplier, l1.static_zero, threads);
     if (!error) error = int_mm(q0, rows, l1.in, l1.weight_t, l1.out, l1.s0, l1.s1, acc);
-    if (!error) error = bertkit_int8_epilogue(acc, rows, l1.out, rs, rz, step, l1.weight_scale, l1.column_sums,
-                                              l1.bias, x, xs, f->gamma1, f->beta1, f->eps1, kNone, a, l1.out, q1,
-                                              s_b, z_b, l2.multiplier, l2.static_zero, threads);
-    step = input(l2, s_b, z_b, &rs, &rz);
+    if (!error) error = bertkit_int8_epilogue(acc, rows, l1.out, r.scale, r.zero, r.step, l1.weight_scale,
+                                              l1.column_sums, l1.bias, x, xs, f->gamma1, f->beta1, f->eps1, kNone, a,
+                                              l1.out, q1, s_b, z_b, l2.multiplier, l2.static_zero, threads);
+    r = range(l2, s_b, z_b);
     if (!error) error = int_mm(q1, rows, l2.in, l2.weight_t, l2.out, l2.s0, l2.s1, acc);
-    if (!error) error = bertkit_int8_epilogue(acc, rows, l2.out, rs, rz, step, l2.weight_scale, l2.column_sums,
-                                              l2.bias, nullptr, 0, nullptr, nullptr, 0.f, f->act, nullptr, 0, q0,
-                                              s_a, z_a, l3.multiplier, l3.static_zero, threads);
-    step = input(l3, s_a, z_a, &rs, &rz);
+    if (!error) error = bertkit_int8_epilogue(acc, rows, l2.out, r.scale, r.zero, r.step, l2.weight_scale,
+                                              l2.column_sums, l2.bias, nullptr, 0, nullptr, nullptr, 0.f, f->act,
+                                              nullptr, 0, q0, s_a, z_a, l3.multiplier, l3.static_zero, threads);
+    r = range(l3, s_a, z_a);
     if (!error) error = int_mm(q0, rows, l3.in, l3.weight_t, l3.out, l3.s0, l3.s1, acc);
-    if (!error) error = bertkit_int8_epilogue(acc, rows, l3.out, rs, rz, step, l3.weight_scale, l3.column_sums,
-                                              l3.bias, a, l3.out, f->gamma2, f->beta2, f->eps2, kNone, out, os,
-                                              nullptr, nullptr, nullptr, nullptr, 0.f, threads);
+    if (!error) error = bertkit_int8_epilogue(acc, rows, l3.out, r.scale, r.zero, r.step, l3.weight_scale,
+                                              l3.column_sums, l3.bias, a, l3.out, f->gamma2, f->beta2, f->eps2, kNone,
+                                              out, os, nullptr, nullptr, nullptr, nullptr, 0.f, threads);
     return error;
 }
 
