@@ -354,11 +354,24 @@ class Int8EncoderLayer(EncoderLayer):
         run = _FUSED.after_attention(self.act, self)
         params = (self.attn_out.terms(), _norm_params(self.attn_norm), self.ffn_in.terms(),
                   self.ffn_out.terms(), _norm_params(self.ffn_norm))
-        rows = max(256, CHUNK_ELEMENTS // self.ffn_in.out_features)
+        return self._by_blocks(x, y, lambda y_, x_, out: run(y_, x_, out, *params))
+
+    def _block_rows(self) -> int:
+        """Rows per block after attention: a block's (rows, I) activations stay in cache."""
+        return max(256, CHUNK_ELEMENTS // self.ffn_in.out_features)
+
+    def _by_blocks(self, x: torch.Tensor, y: torch.Tensor, run) -> torch.Tensor:
+        """The layer's output (N, H), run(y block as fp32, x block, out block) writing each block
+        of `_block_rows` rows; one block is passed whole (each slice is a torch call, and each
+        torch call gives the GIL up)."""
+        rows = self._block_rows()
         out = torch.empty_like(x)  # (N, H)
+        if x.shape[0] <= rows:
+            run(y.float(), x, out)
+            return out
         for start in range(0, x.shape[0], rows):
             block = slice(start, start + rows)
-            run(y[block].float(), x[block], out[block], *params)
+            run(y[block].float(), x[block], out[block])
         return out
 
     def _feed_forward_args(self, kernels, act: str):
@@ -380,32 +393,25 @@ class Int8EncoderLayer(EncoderLayer):
         the next GEMM's input (per row, or with a static Linear's calibrated range); the (rows, I)
         activations are never stored as floats."""
         hidden, inner = self.attn_out.in_features, self.ffn_in.out_features
-        rows = max(256, CHUNK_ELEMENTS // inner)
+        rows = min(self._block_rows(), x.shape[0])
         if kernels.fused:  # the same steps in one C++ call per block
             args = self._feed_forward_args(kernels, act)
-            buffers = kernels.feed_forward_buffers(min(rows, x.shape[0]), hidden, inner)
-            out = torch.empty_like(x)  # (N, H)
-            if x.shape[0] <= rows:  # one block: no slicing (each torch call gives the GIL up)
-                kernels.feed_forward(args, y if y.dtype is torch.float32 else y.float(), x, out, buffers)
-                return out
-            for start in range(0, x.shape[0], rows):
-                block = slice(start, start + rows)
-                kernels.feed_forward(args, y[block].float(), x[block], out[block], buffers)
-            return out
-        steps = _NativeSteps(kernels, min(rows, x.shape[0]), hidden, inner)
-        out = torch.empty_like(x)  # (N, H)
-        for start in range(0, x.shape[0], rows):
-            block = slice(start, start + rows)
-            q, scale, zero = steps.quantize(y[block].float(), self.attn_out)
+            buffers = kernels.feed_forward_buffers(rows, hidden, inner)
+            return self._by_blocks(x, y, lambda y_, x_, out: kernels.feed_forward(args, y_, x_, out, buffers))
+        steps = _NativeSteps(kernels, rows, hidden, inner)
+
+        def run(y_: torch.Tensor, x_: torch.Tensor, out: torch.Tensor) -> None:
+            q, scale, zero = steps.quantize(y_, self.attn_out)
             a = steps.floats(hidden)  # (rows, H): LayerNorm(x + attn_out(y)), the FFN's residual
             (qa, sa, za), into = steps.quantized_by(self.ffn_in)
             kernels.epilogue(steps.product(q, self.attn_out.qweight_t), scale, zero, self.attn_out.terms(),
-                             residual=x[block], norm=_norm_params(self.attn_norm), out=a, **into)
+                             residual=x_, norm=_norm_params(self.attn_norm), out=a, **into)
             (qh, sh, zh), into = steps.quantized_by(self.ffn_out)
             kernels.epilogue(steps.product(qa, self.ffn_in.qweight_t), sa, za, self.ffn_in.terms(), act=act, **into)
             kernels.epilogue(steps.product(qh, self.ffn_out.qweight_t), sh, zh, self.ffn_out.terms(),
-                             residual=a, norm=_norm_params(self.ffn_norm), out=out[block])
-        return out
+                             residual=a, norm=_norm_params(self.ffn_norm), out=out)
+
+        return self._by_blocks(x, y, run)
 
 
 # ---------------------------------------------------------------------------------------------
