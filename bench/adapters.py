@@ -370,15 +370,15 @@ def main() -> None:
                     up.append((server, served))
             found = rounds(up, texts, args)
             if "bertkit adapters" in found and "one model" in found:
-                ratios[k] = [a.ok / a.seconds / max(o.ok / o.seconds, 1e-9)
+                ratios[k] = [a.rate / max(o.rate, 1e-9)
                              for a, o in zip(found["bertkit adapters"], found["one model"])]
             for server, _ in up:
                 level = pooled(found[server.name])
                 results[(server.name, k)] = (level, server.rss_mib())
                 errors = ", ".join(f"{s}: {n}" for s, n in level.statuses.items() if s != 200) or "-"
-                each = "/".join(f"{x.ok / x.seconds:.0f}" for x in found[server.name])
+                each = "/".join(f"{x.rate:.0f}" for x in found[server.name])
                 print(f"{server.name:22} {1 if server.name == 'one model' else k:>3} "
-                      f"{results[(server.name, k)][1]:>8.0f} {level.ok / level.seconds:>8.1f} "
+                      f"{results[(server.name, k)][1]:>8.0f} {level.rate:>8.1f} "
                       f"{level.quantile(0.5):>8.1f} {level.quantile(0.99):>8.1f}  {each:>9}  {errors}", flush=True)
         finally:
             for server, _ in up:
@@ -389,12 +389,12 @@ def main() -> None:
     if ours and single:
         each = ", ".join(f"{r:.2f}" for r in ratios.get(top, []))
         print(f"goal, memory at K = {top}: {ours[1] / single[1]:.2f}× one model (≤ 1.3×); throughput over {top} "
-              f"adapters: {(ours[0].ok / ours[0].seconds) / (single[0].ok / single[0].seconds):.2f}× one model "
+              f"adapters: {ours[0].rate / single[0].rate:.2f}× one model "
               f"(≥ 0.8×; round by round {each})")
     for peer in ("bertkit merged", "transformers+peft"):
         theirs = results.get((peer, top))
         if ours and theirs:
-            speed = (ours[0].ok / ours[0].seconds) / max(theirs[0].ok / theirs[0].seconds, 1e-9)
+            speed = ours[0].rate / max(theirs[0].rate, 1e-9)
             print(f"K = {top}, bertkit adapters vs {peer}: {speed:.2f}× requests/s, {ours[1] / theirs[1]:.2f}× memory")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)

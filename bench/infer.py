@@ -153,18 +153,41 @@ def _ort_session_options(threads: int):
     return options
 
 
-def _st_style_embed(model, tokenizer, texts: list[str], max_length: int) -> np.ndarray:
-    """sentence-transformers' encode loop around a bare model: sort by characters (longest first),
-    batches of 32 padded to the longest, mean pooling over real tokens, L2 normalize, input order."""
+def _st_loop(texts: list[str], hidden: int, embed_batch, streams: int = 1) -> np.ndarray:
+    """sentence-transformers' encode loop: sort by characters (longest first), batches of 32,
+    `embed_batch(list of texts)` → (B, H) rows, input order. streams > 1: that many batches at
+    once, on as many Python threads (the engine must release the GIL and take concurrent calls)."""
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
-    for start in range(0, len(order), ST_BATCH):
+    out = np.empty((len(texts), hidden), dtype=np.float32)
+
+    def one(start: int) -> None:
         rows = order[start:start + ST_BATCH]
-        enc = tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                        max_length=max_length, return_tensors="np")
-        hidden = np.asarray(model(**enc).last_hidden_state)  # (B, T, H)
-        out[rows] = l2_normalize(masked_mean(hidden, enc["attention_mask"]))
+        out[rows] = embed_batch([texts[i] for i in rows])
+
+    in_streams(one, range(0, len(order), ST_BATCH), streams)
     return out
+
+
+def in_streams(fn, items, streams: int) -> None:
+    """fn(item) for every item: in order on this thread (streams 1), or on `streams` threads."""
+    if streams == 1:
+        for item in items:
+            fn(item)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(fn, items))  # list(): a worker's exception is raised here
+
+
+def _st_style_embed(forward, tokenizer, texts: list[str], max_length: int, hidden: int,
+                    streams: int = 1) -> np.ndarray:
+    """`_st_loop` around a model fed by a `transformers` tokenizer: each batch padded to its
+    longest, `forward(encoding)` → (B, T, H) states, mean pooling over real tokens, L2 normalize."""
+    def embed_batch(batch: list[str]) -> np.ndarray:
+        enc = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        return l2_normalize(masked_mean(np.asarray(forward(enc)), enc["attention_mask"]))
+
+    return _st_loop(texts, hidden, embed_batch, streams)
 
 
 def _job_st_encode(spec: dict, texts: list[str]) -> tuple[list[float], np.ndarray, str]:
@@ -229,7 +252,8 @@ def _job_ort(spec: dict, texts: list[str], int8: bool) -> tuple[list[float], np.
     model = ORTModelForFeatureExtraction.from_pretrained(target, file_name=file_name,
                                                          session_options=options)
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    seconds, out = timed_passes(lambda t: _st_style_embed(model, tokenizer, t, spec["max_length"]),
+    seconds, out = timed_passes(lambda t: _st_style_embed(lambda enc: model(**enc).last_hidden_state, tokenizer, t,
+                                                          spec["max_length"], model.config.hidden_size),
                                 texts, spec["repeats"])
     return seconds, out, note + "; sentence-transformers' loop: batch 32 sorted by characters, padded"
 
@@ -279,34 +303,16 @@ def _job_cross_encoder(spec: dict, groups: list) -> tuple[list[float], np.ndarra
 
 
 def _st_texts_loop(encode_batch, tokenizer, texts: list[str], hidden: int, streams: int = 1) -> np.ndarray:
-    """sentence-transformers' loop around an engine that takes token ids: sort by characters
-    (longest first), batches of 32, `encode_batch(list of id lists)` → (B, T, H) padded states,
-    mean over real tokens, L2 normalize, input order. streams > 1: that many batches at once, on
-    as many Python threads (the engine must release the GIL and take concurrent calls)."""
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    out = np.empty((len(texts), hidden), dtype=np.float32)
-
-    def one(start: int) -> None:
-        rows = order[start:start + ST_BATCH]
-        ids = [e.ids for e in tokenizer.encode_batch([texts[i] for i in rows])]
+    """`_st_loop` around an engine that takes token ids: `encode_batch(list of id lists)` → (B, T, H)
+    padded states, mean over real tokens, L2 normalize."""
+    def embed_batch(batch: list[str]) -> np.ndarray:
+        ids = [e.ids for e in tokenizer.encode_batch(batch)]
         states = encode_batch(ids)  # (B, T, H), T = the longest in the batch
         lengths = np.array([len(x) for x in ids])
         mask = (np.arange(states.shape[1])[None, :] < lengths[:, None]).astype(np.float32)  # (B, T)
-        out[rows] = l2_normalize(masked_mean(states, mask))
+        return l2_normalize(masked_mean(states, mask))
 
-    in_streams(one, range(0, len(order), ST_BATCH), streams)
-    return out
-
-
-def in_streams(fn, items, streams: int) -> None:
-    """fn(item) for every item: in order on this thread (streams 1), or on `streams` threads."""
-    if streams == 1:
-        for item in items:
-            fn(item)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(streams) as pool:
-        list(pool.map(fn, items))  # list(): a worker's exception is raised here
+    return _st_loop(texts, hidden, embed_batch, streams)
 
 
 def _job_ct2(spec: dict, texts: list[str], compute_type: str, streams: int = 1) -> tuple[list[float], np.ndarray, str]:
@@ -438,23 +444,13 @@ def _job_ov_streams(spec: dict, texts: list[str], mode: str, streams: int) -> tu
     hidden = json.loads((work / "config.json").read_text())["hidden_size"]
     local = threading.local()
 
-    def run(batch: list[str]) -> np.ndarray:
+    def forward(enc) -> np.ndarray:
         if not hasattr(local, "request"):  # one infer request per feeding thread
             local.request = compiled.create_infer_request()
-        enc = tokenizer(batch, padding=True, truncation=True, max_length=spec["max_length"], return_tensors="np")
-        states = next(iter(local.request.infer({k: v for k, v in enc.items() if k in names}).values()))
-        return l2_normalize(masked_mean(states, enc["attention_mask"]))
+        return next(iter(local.request.infer({k: v for k, v in enc.items() if k in names}).values()))
 
     def embed(batch_texts: list[str]) -> np.ndarray:
-        order = sorted(range(len(batch_texts)), key=lambda i: -len(batch_texts[i]))
-        out = np.empty((len(batch_texts), hidden), dtype=np.float32)
-
-        def one(start: int) -> None:
-            rows = order[start:start + ST_BATCH]
-            out[rows] = run([batch_texts[i] for i in rows])
-
-        in_streams(one, range(0, len(order), ST_BATCH), streams)
-        return out
+        return _st_style_embed(forward, tokenizer, batch_texts, spec["max_length"], hidden, streams)
 
     seconds, out = timed_passes(embed, texts, spec["repeats"])
     ran = compiled.get_property("INFERENCE_PRECISION_HINT")

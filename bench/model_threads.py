@@ -135,7 +135,7 @@ def served_part(args) -> None:
             server.stop()
         busiest = ", ".join(f"{'event loop' if tid == server.proc.pid else 'thread'} {run:.2f} / {wait:.2f}"
                             for run, wait, tid in sampled["rows"][:model_threads + 2] if run > 0.01)
-        print(f"  --model-threads {model_threads}: {level.ok / level.seconds:.1f} req/s, p99 "
+        print(f"  --model-threads {model_threads}: {level.rate:.1f} req/s, p99 "
               f"{level.quantile(0.99):.0f} ms; {busiest}; idle {sampled['idle']:.2f} cores", flush=True)
 
 

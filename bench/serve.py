@@ -212,6 +212,11 @@ class Level:
     def ok(self) -> int:
         return self.statuses.get(200, 0)
 
+    @property
+    def rate(self) -> float:
+        """Requests answered with 200 per second."""
+        return self.ok / self.seconds
+
     def quantile(self, q: float) -> float:
         if not self.latencies:
             return float("nan")
@@ -220,7 +225,7 @@ class Level:
 
     def row(self) -> str:
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(self.statuses.items(), key=str) if k != 200) or "-"
-        return (f"{self.server:18} {self.clients:>7} {self.ok / self.seconds:>8.1f} {self.tokens / self.seconds:>9.0f} "
+        return (f"{self.server:18} {self.clients:>7} {self.rate:>8.1f} {self.tokens / self.seconds:>9.0f} "
                 f"{self.quantile(0.5):>8.1f} {self.quantile(0.95):>8.1f} {self.quantile(0.99):>8.1f}  {errors}")
 
 
@@ -332,7 +337,7 @@ def main() -> None:
                 for clients in levels:
                     level = asyncio.run(load(server, texts, lengths, clients, args.requests, args.seconds))
                     best = results.setdefault(server.name, {}).get(clients)
-                    if best is None or level.ok / level.seconds > best.ok / best.seconds:
+                    if best is None or level.rate > best.rate:
                         results[server.name][clients] = level
                     print(level.row() + (f"  (round {round_ + 1})" if args.rounds > 1 else ""), flush=True)
             finally:
@@ -349,8 +354,8 @@ def main() -> None:
     if ours is None or not peers:
         print(f"speedup at {at} clients vs best peer: n/a (a server was not measured)")
         return
-    best = max(peers, key=lambda level: level.ok / level.seconds)
-    speedup = (ours.ok / ours.seconds) / max(best.ok / best.seconds, 1e-9)
+    best = max(peers, key=lambda level: level.rate)
+    speedup = ours.rate / max(best.rate, 1e-9)
     print(f"speedup at {at} clients vs best peer: {speedup:.2f}× ({best.server}; p99 "
           f"{ours.quantile(0.99):.0f} ms vs {best.quantile(0.99):.0f} ms)")
 
